@@ -1,0 +1,38 @@
+"""The gateway's Litestar application."""
+
+from __future__ import annotations
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from .. import __version__
+from ..config import Settings
+from .errors import exception_handlers
+from .routes import EmbeddingsController, HealthController, ModelsController, NativeController
+from .runtime import Runtime, runtime_lifespan
+
+__all__ = ["create_app"]
+
+
+def _provide_runtime(state: State) -> Runtime:
+    return state.runtime
+
+
+def create_app(settings: Settings) -> Litestar:
+    return Litestar(
+        route_handlers=[EmbeddingsController, ModelsController, NativeController, HealthController],
+        dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
+        lifespan=[runtime_lifespan(settings)],
+        exception_handlers=exception_handlers,
+        request_max_body_size=settings.gateway.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="Shoal",
+            version=__version__,
+            path="/docs",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        debug=False,
+    )

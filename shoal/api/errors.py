@@ -1,0 +1,79 @@
+"""Every failure, whatever raised it, answered in OpenAI's error envelope.
+
+Registered on the app so that routing errors (404, 405), body-size refusals (413) and
+validation errors, which never reach a controller, get the same shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from ..compat.errors import ErrorResponse, ShoalError, error_response
+
+__all__ = ["exception_handlers"]
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.json.Encoder().encode
+
+_TYPES_BY_STATUS = {
+    401: ("authentication_error", "invalid_api_key"),
+    403: ("permission_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
+    429: ("rate_limit_error", "rate_limited"),
+}
+
+
+def _respond(status: int, body: ErrorResponse, retry_after: float | None = None) -> Response[bytes]:
+    headers = {"retry-after": str(max(1, math.ceil(retry_after)))} if retry_after else None
+    return Response(
+        content=_encode(body), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def _shoal_error(_: Request, exc: ShoalError) -> Response[bytes]:
+    return _respond(exc.status_code, exc.to_response(), exc.retry_after)
+
+
+def _validation_error(_: Request, exc: ValidationException) -> Response[bytes]:
+    problems = exc.extra if isinstance(exc.extra, list) else []
+    first = problems[0] if problems and isinstance(problems[0], dict) else {}
+    param = first.get("key")
+    detail = first.get("message") or exc.detail
+    if param:
+        message = f"Invalid value for '{param}': {detail}"
+    else:
+        message = f"Invalid request body: {detail}"
+    return _respond(400, error_response(message, "invalid_request_error", param, "invalid_value"))
+
+
+def _http_error(_: Request, exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    type_, code = _TYPES_BY_STATUS.get(
+        status, ("invalid_request_error" if status < 500 else "server_error", None)
+    )
+    detail = exc.detail
+    if status == 400 and "decod" in detail.lower():
+        detail = f"The request body could not be parsed: {detail}"
+    return _respond(status, error_response(detail, type_, None, code))
+
+
+def _unexpected_error(request: Request, exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _respond(500, error_response("Internal server error", "server_error", None, None))
+
+
+exception_handlers = {
+    ShoalError: _shoal_error,
+    ValidationException: _validation_error,
+    HTTPException: _http_error,
+    Exception: _unexpected_error,
+}

@@ -1,0 +1,38 @@
+"""GET /health (the process is alive) and GET /ready (a request would be served now)."""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import Controller, Response, get
+
+from ..runtime import RuntimeDep
+
+__all__ = ["HealthController"]
+
+
+class Health(msgspec.Struct):
+    status: str
+
+
+class Readiness(msgspec.Struct):
+    status: str
+    nats_connected: bool
+    ready_models: list[str]
+    workers: int
+
+
+class HealthController(Controller):
+    tags = ["Health"]
+
+    @get("/health", summary="Liveness")
+    async def health(self) -> Health:
+        return Health("ok")
+
+    @get("/ready", summary="Readiness: NATS reachable and a worker ready for some model")
+    async def ready(self, runtime: RuntimeDep) -> Response[Readiness]:
+        connected = runtime.bus.is_connected
+        workers = runtime.dispatcher.live_workers()
+        models = sorted(runtime.dispatcher.ready_models())
+        ok = connected and bool(models)
+        body = Readiness("ready" if ok else "not_ready", connected, models, len(workers))
+        return Response(body, status_code=200 if ok else 503)

@@ -1,0 +1,161 @@
+"""Everything a request handler needs, opened once per gateway process.
+
+The NATS connection, the dispatcher (publish jobs, gather replies) and the model
+registry live in one `Runtime`, opened by the app's lifespan and handed to handlers as a
+typed dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from litestar import Litestar
+from litestar.params import Dependency
+
+from ..compat.embed import EmbedOptions, Vectors, build_embed_jobs, join_vectors
+from ..compat.errors import (
+    GatewayTimeoutError,
+    InternalError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    OverloadedError,
+    ShoalError,
+    UnavailableError,
+)
+from ..config import Settings
+from ..model_registry import ModelRegistry, ModelSpec, UnknownModelError
+from ..queue import (
+    Bus,
+    DeadlineExceededError,
+    Dispatcher,
+    ErrorKind,
+    JobFailedError,
+    NoWorkerError,
+    QueueFullError,
+    QueueUnavailableError,
+    Subjects,
+)
+
+__all__ = ["Runtime", "RuntimeDep", "runtime_lifespan"]
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, settings: Settings, registry: ModelRegistry, bus: Bus) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.bus = bus
+        subjects = Subjects(settings.nats.subject_prefix)
+        self.dispatcher = Dispatcher(bus, subjects, settings.gateway, settings.nats)
+        self.started_at = int(time.time())
+
+    @classmethod
+    async def open(cls, settings: Settings, connect_for: float = 30.0) -> Runtime:
+        """Connect to NATS (retrying for `connect_for` seconds) and provision the stream."""
+        registry = ModelRegistry.from_files(settings.models_file)
+        deadline = time.monotonic() + connect_for
+        while True:
+            try:
+                bus = await Bus.connect(settings.nats, name="shoal-gateway")
+                break
+            except QueueUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        runtime = cls(settings, registry, bus)
+        await runtime.dispatcher.start()
+        return runtime
+
+    async def close(self) -> None:
+        await self.bus.close()
+
+    def resolve(self, name: str) -> ModelSpec:
+        try:
+            return self.registry.resolve(name)
+        except UnknownModelError:
+            raise ModelNotFoundError(name) from None
+
+    async def embed(
+        self,
+        spec: ModelSpec,
+        options: EmbedOptions,
+        texts: Sequence[str] = (),
+        token_ids: Sequence[list[int]] = (),
+    ) -> Vectors:
+        """Embed inputs through the queue; queue and worker failures become ShoalErrors."""
+        dispatcher = self.dispatcher
+        request_id = dispatcher.new_request_id()
+        deadline = time.time() + self.settings.gateway.request_timeout
+        jobs = build_embed_jobs(
+            request_id=request_id,
+            spec=spec,
+            texts=texts,
+            token_ids=token_ids,
+            options=options,
+            reply_to=dispatcher.reply_subject,
+            deadline=deadline,
+            limits=self.settings.gateway,
+        )
+        try:
+            results = await dispatcher.submit(request_id, jobs, "interactive", deadline)
+        except Exception as exc:
+            raise _as_shoal_error(exc, spec.id) from exc
+        return join_vectors(results)
+
+
+RuntimeDep = Annotated[Runtime, Dependency(skip_validation=True)]
+"""How handlers declare the runtime: injected, never validated."""
+
+
+_KIND_ERRORS: dict[ErrorKind, type[ShoalError]] = {
+    ErrorKind.INVALID_INPUT: InvalidRequestError,
+    ErrorKind.DEADLINE_EXCEEDED: GatewayTimeoutError,
+    ErrorKind.UNAVAILABLE: UnavailableError,
+    ErrorKind.INTERNAL: InternalError,
+}
+
+
+def _as_shoal_error(exc: Exception, model: str) -> Exception:
+    """The one table from queue-layer failures to HTTP errors."""
+    match exc:
+        case JobFailedError(failure=failure):
+            return _KIND_ERRORS[failure.kind](failure.message, param=failure.param or None)
+        case QueueFullError():
+            return OverloadedError(
+                "The work queue is full; retry after a moment", retry_after=exc.retry_after
+            )
+        case NoWorkerError():
+            return UnavailableError(
+                f"No worker is serving model '{model}' right now",
+                code="no_worker",
+                retry_after=exc.retry_after,
+            )
+        case QueueUnavailableError():
+            log.warning("queue unavailable: %s", exc)
+            return UnavailableError(
+                "The work queue is unreachable; retry after a moment",
+                retry_after=exc.retry_after,
+            )
+        case DeadlineExceededError():
+            return GatewayTimeoutError("The request was not answered before its deadline")
+        case _:
+            return exc
+
+
+def runtime_lifespan(settings: Settings):
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        runtime = await Runtime.open(settings)
+        app.state.runtime = runtime
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    return lifespan

@@ -1,0 +1,24 @@
+"""`shoal gateway`: the app under uvicorn (uvloop + httptools)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from ..config import Settings
+from .app import create_app
+
+__all__ = ["run_gateway"]
+
+
+def run_gateway(settings: Settings) -> None:
+    g = settings.gateway
+    uvicorn.run(
+        create_app(settings),
+        host=g.host,
+        port=g.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level.lower() if settings.log_level != "info" else "warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )

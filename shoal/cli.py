@@ -1,0 +1,88 @@
+"""The `shoal` command: serve | gateway | worker."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import __version__
+from .config import Settings, load_settings
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"shoal {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="settings file (TOML or JSON)")
+        p.add_argument("--log-level", help="debug, info, warning, error")
+
+    serve = sub.add_parser("serve", help="run everything locally: nats-server, worker, gateway")
+    common(serve)
+    serve.add_argument("--host", help="gateway address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="gateway port (default 8000)")
+    serve.add_argument("--models", help="comma-separated model ids for the worker")
+
+    gateway = sub.add_parser("gateway", help="run the HTTP gateway against a NATS server")
+    common(gateway)
+    gateway.add_argument("--host")
+    gateway.add_argument("--port", type=int)
+    gateway.add_argument("--nats-url")
+
+    worker = sub.add_parser("worker", help="run an encoder worker against a NATS server")
+    common(worker)
+    worker.add_argument("--models", help="comma-separated model ids")
+    worker.add_argument("--nats-url")
+    worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = load_settings(args.config)
+    if args.log_level:
+        settings.log_level = args.log_level
+    if getattr(args, "host", None):
+        settings.gateway.host = args.host
+    if getattr(args, "port", None):
+        settings.gateway.port = args.port
+    if getattr(args, "nats_url", None):
+        settings.nats.url = args.nats_url
+    if getattr(args, "models", None):
+        settings.worker.models = [m for m in args.models.split(",") if m]
+    if getattr(args, "device", None):
+        settings.worker.device = args.device
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except (ValueError, OSError) as exc:
+        print(f"shoal: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        from .supervisor import serve
+
+        return serve(settings)
+    if args.command == "gateway":
+        from .api.server import run_gateway
+
+        run_gateway(settings)
+        return 0
+    from .workers.main import run_worker
+
+    run_worker(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Embedding requests (from either route) to `EmbedJob`s, and their results back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+from ..config import GatewaySettings
+from ..model_registry import ModelSpec
+from ..queue.messages import EmbedJob, EmbedResult
+from ._jobs import split_points
+from .errors import InvalidRequestError, PayloadTooLargeError
+
+__all__ = ["EmbedOptions", "Vectors", "build_embed_jobs", "join_vectors"]
+
+
+class EmbedOptions(msgspec.Struct, frozen=True, kw_only=True):
+    dimensions: int | None = None
+    truncate: bool = True
+    dtype: Literal["float32", "float16"] = "float32"
+
+
+class Vectors(msgspec.Struct, frozen=True):
+    """All of a request's vectors: one contiguous little-endian buffer, rows x dims."""
+
+    data: bytes
+    rows: int
+    dims: int
+    dtype: Literal["float32", "float16"]
+    prompt_tokens: int
+    queue_ms: float
+    inference_ms: float
+
+
+def build_embed_jobs(
+    *,
+    request_id: str,
+    spec: ModelSpec,
+    texts: Sequence[str] = (),
+    token_ids: Sequence[list[int]] = (),
+    options: EmbedOptions,
+    reply_to: str,
+    deadline: float,
+    limits: GatewaySettings,
+) -> list[EmbedJob]:
+    """Validate what only the model's spec can tell, then cut the inputs into items.
+
+    Raises:
+        InvalidRequestError: no inputs, or `dimensions` out of the model's range.
+        PayloadTooLargeError: more inputs than the gateway accepts in one request.
+    """
+    count = len(texts) or len(token_ids)
+    if count == 0:
+        raise InvalidRequestError("'input' must not be empty", param="input")
+    if count > limits.max_inputs:
+        raise PayloadTooLargeError(
+            f"{count} inputs in one request; the limit is {limits.max_inputs}", param="input"
+        )
+    dims = options.dimensions
+    if dims is not None and not 1 <= dims <= spec.dims:
+        raise InvalidRequestError(
+            f"'dimensions' must be between 1 and {spec.dims} for model '{spec.id}', got {dims}",
+            param="dimensions",
+        )
+    out_dims = dims or spec.dims
+    row_bytes = out_dims * (2 if options.dtype == "float16" else 4)
+    sizes = [len(t) for t in texts] if texts else [4 * len(ids) for ids in token_ids]
+    jobs = []
+    for part, (start, stop) in enumerate(
+        split_points(sizes, limits.item_max_inputs, limits.item_max_bytes, row_bytes)
+    ):
+        jobs.append(
+            EmbedJob(
+                request_id=request_id,
+                part=part,
+                model=spec.id,
+                reply_to=reply_to,
+                deadline=deadline,
+                texts=list(texts[start:stop]),
+                token_ids=list(token_ids[start:stop]),
+                dimensions=0 if dims is None or dims == spec.dims else dims,
+                truncate=options.truncate,
+                dtype=options.dtype,
+                first_index=start,
+            )
+        )
+    return jobs
+
+
+def join_vectors(results: Sequence[EmbedResult]) -> Vectors:
+    """Concatenate the parts' vectors in order, without touching a float."""
+    first = results[0]
+    data = first.data if len(results) == 1 else b"".join(r.data for r in results)
+    return Vectors(
+        data=data,
+        rows=sum(r.rows for r in results),
+        dims=first.dims,
+        dtype=first.dtype,
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        queue_ms=max(r.queue_ms for r in results),
+        inference_ms=max(r.inference_ms for r in results),
+    )

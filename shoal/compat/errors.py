@@ -1,0 +1,132 @@
+"""Shoal's error hierarchy and OpenAI's error envelope.
+
+Each error class carries its HTTP status, OpenAI error `type` and `code`, so one handler
+(shoal/api/errors.py) renders every failure the same way:
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "BadGatewayError",
+    "ErrorBody",
+    "ErrorResponse",
+    "GatewayTimeoutError",
+    "InternalError",
+    "InvalidRequestError",
+    "ModelNotFoundError",
+    "NotFoundError",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "ShoalError",
+    "UnavailableError",
+    "UnsupportedMediaTypeError",
+    "error_response",
+]
+
+
+class ErrorBody(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(msgspec.Struct):
+    """https://platform.openai.com/docs/guides/error-codes"""
+
+    error: ErrorBody
+
+
+class ShoalError(Exception):
+    status_code: int = 500
+    openai_type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+    def to_response(self) -> ErrorResponse:
+        return error_response(self.message, self.openai_type, self.param, self.code)
+
+
+class InvalidRequestError(ShoalError):
+    status_code = 400
+    openai_type = "invalid_request_error"
+
+
+class NotFoundError(ShoalError):
+    status_code = 404
+    openai_type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist", param="model")
+
+
+class PayloadTooLargeError(ShoalError):
+    status_code = 413
+    openai_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaTypeError(ShoalError):
+    status_code = 415
+    openai_type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class OverloadedError(ShoalError):
+    """429: try again after `retry_after` seconds."""
+
+    status_code = 429
+    openai_type = "rate_limit_error"
+    code = "queue_full"
+
+
+class UnavailableError(ShoalError):
+    status_code = 503
+    openai_type = "server_error"
+    code = "unavailable"
+
+
+class GatewayTimeoutError(ShoalError):
+    status_code = 504
+    openai_type = "server_error"
+    code = "timeout"
+
+
+class BadGatewayError(ShoalError):
+    status_code = 502
+    openai_type = "server_error"
+    code = "worker_error"
+
+
+class InternalError(ShoalError):
+    status_code = 500
+    openai_type = "server_error"
+    code = "internal_error"
+
+
+def error_response(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> ErrorResponse:
+    return ErrorResponse(ErrorBody(message=message, type=type_, param=param, code=code))

@@ -1,0 +1,53 @@
+"""The native MessagePack route's schema: vectors as one raw buffer, never lists of floats.
+
+Request (msgpack map): `{"model": str, "inputs": [str, ...], "dtype": "float32"|"float16",
+"dimensions": int?, "truncate": bool}`. Response: `{"model", "data": bin (little-endian,
+row-major), "shape": [rows, dims], "dtype", "usage": {"prompt_tokens", "total_tokens"}}`;
+`numpy.frombuffer(data, dtype).reshape(shape)` reads it without a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from ._constraints import ModelName
+from .embed import EmbedOptions, Vectors
+
+__all__ = ["NativeEmbedRequest", "NativeEmbedResponse", "NativeUsage"]
+
+
+class NativeEmbedRequest(msgspec.Struct, kw_only=True):
+    model: ModelName
+    inputs: list[str]
+    dtype: Literal["float32", "float16"] = "float32"
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    truncate: bool = True
+
+    def options(self) -> EmbedOptions:
+        return EmbedOptions(dimensions=self.dimensions, truncate=self.truncate, dtype=self.dtype)
+
+
+class NativeUsage(msgspec.Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class NativeEmbedResponse(msgspec.Struct):
+    model: str
+    data: bytes
+    shape: tuple[int, int]
+    dtype: Literal["float32", "float16"]
+    usage: NativeUsage
+
+    @classmethod
+    def from_vectors(cls, vectors: Vectors, model: str) -> NativeEmbedResponse:
+        tokens = vectors.prompt_tokens
+        return cls(
+            model=model,
+            data=vectors.data,
+            shape=(vectors.rows, vectors.dims),
+            dtype=vectors.dtype,
+            usage=NativeUsage(tokens, tokens),
+        )

@@ -1,0 +1,104 @@
+"""OpenAI embeddings: https://platform.openai.com/docs/api-reference/embeddings/create"""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Literal
+
+import msgspec
+import numpy as np
+
+from .._constraints import ModelName
+from ..embed import EmbedOptions, Vectors
+from ..errors import InvalidRequestError
+
+__all__ = ["Embedding", "EmbeddingRequest", "EmbeddingResponse", "EmbeddingUsage"]
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    # Fields in the order of OpenAI's reference.
+    input: str | list[str | int | list[int]]
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    model: ModelName
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    user: str | None = None
+    # --- Shoal extensions -------------------------------------------------------------
+    truncate: bool = True
+    """Inputs longer than the model's max length are cut to it (the default) or, with
+    `false`, refused with a 400 naming their length."""
+
+    def options(self) -> EmbedOptions:
+        return EmbedOptions(dimensions=self.dimensions, truncate=self.truncate)
+
+    def inputs(self) -> tuple[list[str], list[list[int]]]:
+        """`(texts, token_ids)`, exactly one of them non-empty.
+
+        Raises:
+            InvalidRequestError: empty input, an empty string, or mixed kinds of items.
+        """
+        value = self.input
+        if isinstance(value, str):
+            value = [value]
+        if not value:
+            raise InvalidRequestError("'input' must not be empty", param="input")
+        first = value[0]
+        if isinstance(first, str):
+            if not all(isinstance(v, str) for v in value):
+                raise _mixed()
+            if any(not v for v in value):
+                raise InvalidRequestError("'input' must not contain empty strings", param="input")
+            return value, []  # type: ignore[return-value]
+        if isinstance(first, int):
+            if not all(isinstance(v, int) for v in value):
+                raise _mixed()
+            return [], [value]  # type: ignore[list-item]
+        if not all(isinstance(v, list) and v for v in value):
+            raise InvalidRequestError(
+                "'input' token lists must all be non-empty lists of integers", param="input"
+            )
+        return [], value  # type: ignore[return-value]
+
+
+def _mixed() -> InvalidRequestError:
+    return InvalidRequestError(
+        "'input' must be a string, a list of strings, a list of integers, or a list of "
+        "lists of integers, not a mix",
+        param="input",
+    )
+
+
+class Embedding(msgspec.Struct):
+    index: int
+    embedding: list[float] | str
+    object: Literal["embedding"] = "embedding"
+
+
+class EmbeddingUsage(msgspec.Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(msgspec.Struct):
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+    object: Literal["list"] = "list"
+
+    @classmethod
+    def from_vectors(
+        cls, vectors: Vectors, model: str, encoding_format: Literal["float", "base64"]
+    ) -> EmbeddingResponse:
+        """float: a list of floats per row; base64: the row's float32 bytes, encoded once."""
+        if encoding_format == "base64":
+            step = vectors.dims * 4
+            buf = vectors.data
+            data = [
+                Embedding(i, base64.b64encode(buf[i * step : (i + 1) * step]).decode())
+                for i in range(vectors.rows)
+            ]
+        else:
+            matrix = np.frombuffer(vectors.data, dtype="<f4").reshape(vectors.rows, vectors.dims)
+            data = [Embedding(i, row) for i, row in enumerate(matrix.tolist())]
+        tokens = vectors.prompt_tokens
+        return cls(data=data, model=model, usage=EmbeddingUsage(tokens, tokens))

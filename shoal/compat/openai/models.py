@@ -1,0 +1,43 @@
+"""OpenAI models: https://platform.openai.com/docs/api-reference/models"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ...model_registry import ModelSpec
+
+__all__ = ["Model", "ModelList"]
+
+
+class Model(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    owned_by: str
+    object: Literal["model"] = "model"
+    # --- Shoal extensions -------------------------------------------------------------
+    task: str
+    dims: int
+    max_length: int
+    aliases: list[str]
+    ready: bool
+    """Whether a live worker has this model loaded now."""
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, created: int, ready: bool) -> Model:
+        return cls(
+            id=spec.id,
+            created=created,
+            owned_by=spec.owned_by,
+            task=spec.task,
+            dims=spec.dims,
+            max_length=spec.max_length,
+            aliases=list(spec.aliases),
+            ready=ready,
+        )
+
+
+class ModelList(msgspec.Struct):
+    data: list[Model]
+    object: Literal["list"] = "list"

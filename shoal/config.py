@@ -1,0 +1,155 @@
+"""Settings for every Shoal process, loaded once and passed explicitly.
+
+This is the only module that reads the environment. A process builds one `Settings`
+in the CLI from, in increasing precedence: the defaults below, an optional TOML or JSON
+file (`--config`), and `SHOAL_*` environment variables. Nested fields use a double
+underscore: `SHOAL_GATEWAY__REQUEST_TIMEOUT=5`, `SHOAL_NATS__URL=nats://10.0.0.2:4222`,
+`SHOAL_WORKER__MODELS=all-MiniLM-L6-v2,other` (lists are comma separated).
+`SHOAL_DATA_DIR` is the top-level `data_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "GatewaySettings",
+    "NatsSettings",
+    "Settings",
+    "WorkerSettings",
+    "default_data_dir",
+    "load_settings",
+]
+
+ENV_PREFIX = "SHOAL_"
+
+
+class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    url: str = "nats://127.0.0.1:4222"
+    """NATS server(s); a comma-separated list for a cluster."""
+    stream: str = "SHOAL_WORK"
+    """The JetStream work stream (WorkQueue retention)."""
+    subject_prefix: str = "shoal"
+    """First token of every Shoal subject, so several deployments can share a cluster."""
+    storage: Literal["file", "memory"] = "file"
+    """File storage keeps accepted work across a nats-server restart."""
+    replicas: int = 1
+    """Stream replicas: 3 on a cluster."""
+    max_msgs: int = 100_000
+    """Bound on queued work items; past it publishes fail at once (`discard: new`) -> 429."""
+    max_bytes: int = 1 << 30
+    """Bound on queued work bytes, same policy as `max_msgs`."""
+    max_age: float = 3600.0
+    """Seconds an item may sit in the stream; longer than any request deadline."""
+    ack_wait: float = 30.0
+    """Seconds before an unacknowledged delivery is redelivered (workers send progress)."""
+    max_deliver: int = 5
+    """Deliveries before an item is given up on."""
+    duplicate_window: float = 120.0
+    """Seconds within which a repeated `Nats-Msg-Id` is dropped by the server."""
+    connect_timeout: float = 5.0
+
+
+class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    request_timeout: float = 120.0
+    """Seconds a request may take end to end; past it the answer is 504."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Larger request bodies are refused with 413."""
+    max_inputs: int = 100_000
+    """Most inputs one embeddings request may carry."""
+    item_max_inputs: int = 32
+    """A request is split into work items of at most this many inputs."""
+    item_max_bytes: int = 256 * 1024
+    """... and of at most this many bytes of text, so items stay far below NATS's 1 MiB."""
+    no_worker_policy: Literal["reject", "queue"] = "reject"
+    """With no live worker for a model: `reject` answers 503 at once, `queue` waits for one."""
+    worker_ttl: float = 5.0
+    """Seconds after its last heartbeat that a worker counts as gone."""
+    uvicorn_workers: int = 1
+
+
+class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    models: list[str] = msgspec.field(default_factory=lambda: ["all-MiniLM-L6-v2"])
+    """Model ids (from the model spec) this worker serves."""
+    device: str = "auto"
+    """`auto` (CUDA when present), `cpu`, `cuda`, `cuda:1`, ..."""
+    threads: int = 0
+    """torch intra-op threads; 0 leaves torch's default (one per core)."""
+    max_held_jobs: int = 64
+    """Most work items one worker holds (pulled, not yet acked); the rest stay queued."""
+    heartbeat_interval: float = 1.0
+
+
+class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    data_dir: str = ""
+    """Where the embedded nats-server keeps its data; default: the per-user data dir."""
+    models_file: str = ""
+    """A user model spec (TOML) merged over the built-in one."""
+    log_level: str = "info"
+    nats: NatsSettings = msgspec.field(default_factory=NatsSettings)
+    gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
+    worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
+
+
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    home = env.get("HOME") or str(Path.home())
+    base = env.get("XDG_DATA_HOME") or str(Path(home) / ".local" / "share")
+    return Path(base) / "shoal"
+
+
+def load_settings(
+    config_file: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Build the process's settings from defaults, an optional file and the environment.
+
+    Raises:
+        ValueError: when the file or a variable does not fit the settings' types.
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    if config_file:
+        path = Path(config_file)
+        text = path.read_bytes()
+        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text.decode())
+    _overlay_env(raw, env)
+    try:
+        settings = msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid settings: {exc}") from exc
+    if not settings.data_dir:
+        settings.data_dir = str(default_data_dir(env))
+    return settings
+
+
+def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    sections = {
+        f.name: f.type for f in msgspec.structs.fields(Settings) if isinstance(f.type, type)
+    }
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        target = raw
+        struct: Any = Settings
+        for part in path[:-1]:
+            if part not in sections:
+                break
+            target = target.setdefault(part, {})
+            struct = sections[part]
+        else:
+            names = {f.name: f for f in msgspec.structs.fields(struct)}
+            field = names.get(path[-1])
+            if field is None:
+                continue  # SHOAL_* variables that are not settings belong to other tools
+            is_list = getattr(field.type, "__origin__", None) is list
+            target[path[-1]] = [v for v in value.split(",") if v] if is_list else value

@@ -1,0 +1,48 @@
+"""JetStream work queue: subjects, wire messages, provisioning, publish and pull.
+
+`nats.py` is the only module that imports nats-py; everything above it uses `Bus`,
+`Dispatcher` (gateway side) and the `WorkSource`/`Delivery` protocols (worker side).
+"""
+
+from .dispatcher import Dispatcher
+from .embedded import EmbeddedNats, free_port, nats_server_binary
+from .errors import (
+    DeadlineExceededError,
+    JobFailedError,
+    NoWorkerError,
+    QueueError,
+    QueueFullError,
+    QueueUnavailableError,
+)
+from .messages import EmbedJob, EmbedResult, ErrorKind, Job, JobFailed, Reply, WorkerHeartbeat
+from .nats import Bus
+from .provision import ensure_consumer, ensure_work_stream
+from .source import Delivery, WorkSource
+from .subjects import Lane, Subjects
+
+__all__ = [
+    "Bus",
+    "DeadlineExceededError",
+    "Delivery",
+    "Dispatcher",
+    "EmbedJob",
+    "EmbedResult",
+    "EmbeddedNats",
+    "ErrorKind",
+    "Job",
+    "JobFailed",
+    "JobFailedError",
+    "Lane",
+    "NoWorkerError",
+    "QueueError",
+    "QueueFullError",
+    "QueueUnavailableError",
+    "Reply",
+    "Subjects",
+    "WorkSource",
+    "WorkerHeartbeat",
+    "ensure_consumer",
+    "ensure_work_stream",
+    "free_port",
+    "nats_server_binary",
+]

@@ -1,0 +1,169 @@
+"""The gateway's side of the queue: publish a request's jobs, gather their replies.
+
+One subscription per gateway receives every reply (`{prefix}.reply.{gateway_id}`); a reply
+names its request and part, so a request with many parts needs no subscription of its
+own. A part answered twice (a redelivered job whose first worker died after replying)
+counts once; a reply for a request nobody waits for any more is dropped.
+
+Heartbeats from workers tell which models have a live worker, for `/ready` and for
+answering 503 at once instead of queueing work no one will take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+from ..config import GatewaySettings, NatsSettings
+from .errors import (
+    DeadlineExceededError,
+    JobFailedError,
+    NoWorkerError,
+    QueueUnavailableError,
+)
+from .messages import (
+    EmbedResult,
+    Job,
+    JobFailed,
+    WorkerHeartbeat,
+    decode_heartbeat,
+    decode_reply,
+    encode,
+)
+from .nats import Bus
+from .provision import ensure_work_stream
+from .subjects import Lane, Subjects
+
+__all__ = ["Dispatcher", "LiveWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class LiveWorker(msgspec.Struct):
+    heartbeat: WorkerHeartbeat
+    seen_at: float
+
+
+class _Pending:
+    """The replies of one request, in part order."""
+
+    __slots__ = ("future", "remaining", "results")
+
+    def __init__(self, parts: int) -> None:
+        self.results: list[EmbedResult | None] = [None] * parts
+        self.remaining = parts
+        self.future: asyncio.Future[list[EmbedResult]] = asyncio.get_running_loop().create_future()
+
+    def accept(self, reply: EmbedResult | JobFailed) -> None:
+        if self.future.done() or not 0 <= reply.part < len(self.results):
+            return
+        if isinstance(reply, JobFailed):
+            self.future.set_exception(JobFailedError(reply))
+            return
+        if self.results[reply.part] is not None:
+            return  # a duplicate from a redelivery
+        self.results[reply.part] = reply
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future.set_result(self.results)  # type: ignore[arg-type]
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        bus: Bus,
+        subjects: Subjects,
+        gateway: GatewaySettings,
+        nats: NatsSettings,
+    ) -> None:
+        self._bus = bus
+        self._subjects = subjects
+        self._gateway = gateway
+        self._nats = nats
+        self.gateway_id = secrets.token_hex(6)
+        self.reply_subject = subjects.reply(self.gateway_id)
+        self._ids = itertools.count()
+        self._pending: dict[str, _Pending] = {}
+        self._workers: dict[str, LiveWorker] = {}
+        self._started_at = time.time()
+
+    async def start(self) -> None:
+        await ensure_work_stream(self._bus, self._nats, self._subjects)
+        await self._bus.subscribe(self.reply_subject, self._on_reply)
+        await self._bus.subscribe(self._subjects.heartbeat, self._on_heartbeat)
+
+    def new_request_id(self) -> str:
+        return f"{self.gateway_id}-{next(self._ids)}"
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def submit(
+        self, request_id: str, jobs: Sequence[Job], lane: Lane, deadline: float
+    ) -> list[EmbedResult]:
+        """Publish `jobs` (the parts of one request) and return their results in order.
+
+        Raises:
+            NoWorkerError: no live worker serves the model and the policy is `reject`.
+            QueueFullError, QueueUnavailableError: the work was not accepted.
+            DeadlineExceededError: accepted, but not all answered by `deadline`.
+            JobFailedError: a worker answered a part with a failure.
+        """
+        model = jobs[0].model
+        if self._gateway.no_worker_policy == "reject" and not self.has_worker_for(model):
+            raise NoWorkerError(model)
+        if not self._bus.is_connected:
+            raise QueueUnavailableError("not connected to NATS")
+        subject = self._subjects.work(lane, model, "embed")
+        pending = self._pending[request_id] = _Pending(len(jobs))
+        try:
+            await self._bus.publish_work(
+                [(subject, encode(job), f"{request_id}.{job.part}") for job in jobs]
+            )
+            try:
+                return await asyncio.wait_for(pending.future, deadline - time.time())
+            except TimeoutError:
+                raise DeadlineExceededError() from None
+        finally:
+            del self._pending[request_id]
+
+    def _on_reply(self, payload: bytes) -> None:
+        try:
+            reply = decode_reply(payload)
+        except msgspec.DecodeError:
+            log.warning("dropped an undecodable reply (%d bytes)", len(payload))
+            return
+        pending = self._pending.get(reply.request_id)
+        if pending is not None:
+            pending.accept(reply)
+
+    # Workers -----------------------------------------------------------------------
+
+    def _on_heartbeat(self, payload: bytes) -> None:
+        try:
+            beat = decode_heartbeat(payload)
+        except msgspec.DecodeError:
+            return
+        if beat.state == "stopping":
+            self._workers.pop(beat.worker_id, None)
+        else:
+            self._workers[beat.worker_id] = LiveWorker(beat, time.monotonic())
+
+    def live_workers(self) -> list[WorkerHeartbeat]:
+        horizon = time.monotonic() - self._gateway.worker_ttl
+        for worker_id in [w for w, live in self._workers.items() if live.seen_at < horizon]:
+            del self._workers[worker_id]
+        return [live.heartbeat for live in self._workers.values()]
+
+    def has_worker_for(self, model: str) -> bool:
+        return any(model in beat.models for beat in self.live_workers())
+
+    def ready_models(self) -> set[str]:
+        return {m for beat in self.live_workers() if beat.state == "ready" for m in beat.models}

@@ -1,0 +1,111 @@
+"""The wire contract between gateways and workers: msgpack-encoded msgspec Structs.
+
+Jobs travel on JetStream work subjects; replies on core NATS to the job's `reply_to`;
+heartbeats on the heartbeat subject. Every family is a tagged union so a decoder can tell
+what it got. Evolution rules (msgspec schema evolution): new fields are added last with a
+default, no field is removed or renamed, no tag changes; then old and new processes read
+each other's messages (tests/contract/test_wire_evolution.py).
+
+Vectors are raw little-endian bytes (`data`), `rows x dims` of `dtype`, never lists of
+floats.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "EmbedJob",
+    "EmbedResult",
+    "ErrorKind",
+    "Job",
+    "JobFailed",
+    "Reply",
+    "WorkerHeartbeat",
+    "decode_heartbeat",
+    "decode_job",
+    "decode_reply",
+    "encode",
+]
+
+Dtype = Literal["float32", "float16"]
+
+
+class ErrorKind(enum.StrEnum):
+    INVALID_INPUT = "invalid_input"
+    """The request can never succeed as sent (e.g. too long with truncation off)."""
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    """The job's deadline passed before it ran; it was dropped, not run."""
+    UNAVAILABLE = "unavailable"
+    """The worker cannot serve the model now (failed to load)."""
+    INTERNAL = "internal"
+    """The worker failed running it; the message says no more than the kind of failure."""
+
+
+class _Wire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+class EmbedJob(_Wire, tag="embed"):
+    request_id: str
+    part: int
+    """Position of this item among the request's items; replies are reassembled by it."""
+    model: str
+    reply_to: str
+    deadline: float
+    """Unix time after which nobody waits for the answer."""
+    texts: list[str] = []
+    token_ids: list[list[int]] = []
+    """Pre-tokenized inputs (the model's own vocabulary), instead of `texts`."""
+    dimensions: int = 0
+    """Keep the first `dimensions` components and re-normalize; 0 keeps all."""
+    truncate: bool = True
+    """Cut inputs longer than the model's max length; False makes them an error."""
+    dtype: Dtype = "float32"
+    first_index: int = 0
+    """Position of this item's first input in the request, for error messages."""
+
+
+Job = EmbedJob
+
+
+class EmbedResult(_Wire, tag="embed_result"):
+    request_id: str
+    part: int
+    data: bytes
+    rows: int
+    dims: int
+    dtype: Dtype = "float32"
+    prompt_tokens: int = 0
+    queue_ms: float = 0.0
+    """From publish to the worker's pull."""
+    inference_ms: float = 0.0
+    """From the pull to the result (batching, forward pass, post-processing)."""
+
+
+class JobFailed(_Wire, tag="failed"):
+    request_id: str
+    part: int
+    kind: ErrorKind
+    message: str
+    param: str = ""
+
+
+Reply = EmbedResult | JobFailed
+
+
+class WorkerHeartbeat(_Wire, tag="heartbeat"):
+    worker_id: str
+    models: list[str]
+    state: Literal["loading", "ready", "stopping"]
+    sent_at: float
+
+
+_encoder = msgspec.msgpack.Encoder()
+encode = _encoder.encode
+decode_job = msgspec.msgpack.Decoder(Job).decode
+decode_reply = msgspec.msgpack.Decoder(Reply).decode
+decode_heartbeat = msgspec.msgpack.Decoder(WorkerHeartbeat).decode

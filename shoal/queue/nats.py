@@ -1,0 +1,285 @@
+"""The only module that imports nats-py: connections, publishing, pulling, streams.
+
+Pulling is done here rather than with nats-py's `PullSubscription.fetch`: after a
+lingering pull delivers its first message, that `fetch` keeps waiting for the rest of the
+batch until the request expires, which would add its whole timeout to a lightly loaded
+worker's latency. `JetStreamPuller.fetch` instead long-polls for one message, then takes
+whatever else is already waiting with a `no_wait` request, and never leaves a request open
+on the server that could deliver messages nobody is waiting for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import api
+
+from ..config import NatsSettings
+from .errors import QueueFullError, QueueUnavailableError
+from .source import Delivery
+
+__all__ = [
+    "Bus",
+    "JetStreamPuller",
+    "NatsDelivery",
+    "PublishFailure",
+]
+
+log = logging.getLogger(__name__)
+
+# JetStream API error codes for a stream at its `discard: new` bound.
+_STREAM_FULL_CODES = {10077, 10078, 10047}  # max messages, max bytes, storage exhausted
+_STATUS = api.Header.STATUS
+_MSG_ID = api.Header.MSG_ID
+
+
+class PublishFailure(Exception):
+    pass
+
+
+class NatsDelivery:
+    """A JetStream message as a `Delivery`."""
+
+    __slots__ = ("_msg",)
+
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+
+    @property
+    def data(self) -> bytes:
+        return self._msg.data
+
+    @property
+    def num_delivered(self) -> int:
+        return self._msg.metadata.num_delivered or 1
+
+    @property
+    def published_at(self) -> float:
+        """Unix time the item entered the stream."""
+        return self._msg.metadata.timestamp.timestamp()
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def nak(self, delay: float = 0.0) -> None:
+        await self._msg.nak(delay=delay or None)
+
+    async def term(self) -> None:
+        await self._msg.term()
+
+    async def in_progress(self) -> None:
+        await self._msg.in_progress()
+
+
+class JetStreamPuller:
+    """A durable pull consumer, pulled without leaving requests open (see module doc)."""
+
+    def __init__(self, bus: Bus, stream: str, consumer: str) -> None:
+        self._nc = bus.nc
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._inbox = self._nc.new_inbox()
+        self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self._arrived.put_nowait(msg)
+
+    async def fetch(self, max_items: int, max_wait: float) -> list[Delivery]:
+        got: list[Delivery] = []
+        self._drain(got, max_items)
+        if not got:
+            await self._request({"batch": 1, "expires": int(max_wait * 1e9)})
+            await self._collect(got, 1, max_wait + 1.0)
+        if got and len(got) < max_items:
+            await self._request({"batch": max_items - len(got), "no_wait": True})
+            await self._collect(got, max_items, 1.0)
+        return got
+
+    def _drain(self, got: list[Delivery], limit: int) -> None:
+        while len(got) < limit and not self._arrived.empty():
+            msg = self._arrived.get_nowait()
+            if not (msg.headers and _STATUS in msg.headers):
+                got.append(NatsDelivery(msg))
+
+    async def _request(self, body: dict[str, Any]) -> None:
+        await self._nc.publish(self._next_subject, json.dumps(body).encode(), reply=self._inbox)
+
+    async def _collect(self, got: list[Delivery], limit: int, wait: float) -> None:
+        """Take arrivals until `limit`, a status message (the request ended) or timeout."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        while len(got) < limit:
+            try:
+                msg = await asyncio.wait_for(self._arrived.get(), until - loop.time())
+            except TimeoutError:
+                return
+            if msg.headers and _STATUS in msg.headers:
+                if msg.headers[_STATUS] == "100":  # idle heartbeat: the request is alive
+                    continue
+                return
+            got.append(NatsDelivery(msg))
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        # Whatever was delivered but never handed out goes back at once.
+        while not self._arrived.empty():
+            msg = self._arrived.get_nowait()
+            if not (msg.headers and _STATUS in msg.headers):
+                await msg.nak()
+
+
+class Bus:
+    """One NATS connection and its JetStream context."""
+
+    def __init__(self, nc: Client, settings: NatsSettings) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.jsm = nc.jsm()
+        self._settings = settings
+
+    @classmethod
+    async def connect(
+        cls,
+        settings: NatsSettings,
+        name: str,
+        on_disconnect: Callable[[], Awaitable[None]] | None = None,
+    ) -> Bus:
+        """Connect, retrying in the background forever once connected.
+
+        Raises:
+            QueueUnavailableError: the first connection failed.
+        """
+
+        async def _error(exc: Exception) -> None:
+            log.warning("nats: %s", exc)
+
+        async def _disconnected() -> None:
+            log.warning("nats: disconnected")
+            if on_disconnect is not None:
+                await on_disconnect()
+
+        async def _reconnected() -> None:
+            log.info("nats: reconnected")
+
+        try:
+            nc = await nats.connect(
+                servers=[s.strip() for s in settings.url.split(",")],
+                name=name,
+                connect_timeout=settings.connect_timeout,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                allow_reconnect=True,
+                error_cb=_error,
+                disconnected_cb=_disconnected,
+                reconnected_cb=_reconnected,
+            )
+        except (OSError, nats.errors.Error, TimeoutError) as exc:
+            raise QueueUnavailableError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
+        return cls(nc, settings)
+
+    @property
+    def is_connected(self) -> bool:
+        return self.nc.is_connected
+
+    async def close(self) -> None:
+        if self.nc.is_closed:
+            return
+        try:
+            await self.nc.drain()
+        except (nats.errors.Error, TimeoutError):
+            # Not connected now (the server went first): drop what is pending.
+            with contextlib.suppress(nats.errors.Error, RuntimeError, OSError):
+                await self.nc.close()
+
+    # Publishing -------------------------------------------------------------------
+
+    async def publish_work(self, items: list[tuple[str, bytes, str]]) -> None:
+        """Publish `(subject, payload, msg_id)` items to JetStream concurrently and wait
+        for every PubAck. (nats-py's `publish_async` never resolves its future when the
+        server answers with an error, such as a full stream, so it is not used.)
+
+        Raises:
+            QueueFullError: the stream is at its bound.
+            QueueUnavailableError: NATS or the stream is unreachable.
+        """
+        timeout = self._settings.connect_timeout
+        results = await asyncio.gather(
+            *(
+                self.js.publish(subject, payload, timeout=timeout, headers={_MSG_ID: msg_id})
+                for subject, payload, msg_id in items
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, nats.js.errors.APIError):
+                if result.err_code in _STREAM_FULL_CODES:
+                    raise QueueFullError()
+                raise QueueUnavailableError(f"publishing work failed: {result}")
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                raise QueueUnavailableError(f"publishing work failed: {result!r}")
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        """Core NATS publish (replies, heartbeats): at most once, no ack."""
+        await self.nc.publish(subject, payload)
+
+    async def subscribe(self, subject: str, handler: Callable[[bytes], None]) -> Any:
+        """Call `handler(payload)` for each message on `subject`, in arrival order."""
+
+        async def _cb(msg: Msg) -> None:
+            handler(msg.data)
+
+        return await self.nc.subscribe(subject, cb=_cb, pending_msgs_limit=1_000_000)
+
+    # Streams and consumers -------------------------------------------------------
+
+    async def ensure_stream(self, config: dict[str, Any]) -> None:
+        """Create the stream, or bring an existing one to `config` (what can change)."""
+        jsm = self.jsm
+        cfg = api.StreamConfig(**config)
+        try:
+            await jsm.stream_info(cfg.name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await jsm.add_stream(cfg)
+                return
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != 10058:  # created meanwhile by another process
+                    raise
+        try:
+            await jsm.update_stream(cfg)
+        except nats.js.errors.BadRequestError as exc:
+            log.warning("stream %s kept its config: %s", cfg.name, exc.description)
+
+    async def ensure_consumer(self, stream: str, config: dict[str, Any]) -> None:
+        """Create the durable consumer or update it to `config`."""
+        cfg = api.ConsumerConfig(**config)
+        try:
+            await self.jsm.add_consumer(stream, cfg)
+        except nats.js.errors.BadRequestError as exc:
+            log.warning("consumer %s kept its config: %s", cfg.durable_name, exc.description)
+
+    async def stream_state(self, stream: str) -> dict[str, int]:
+        info = await self.jsm.stream_info(stream)
+        return {"messages": info.state.messages, "bytes": info.state.bytes}
+
+    async def puller(self, stream: str, consumer: str) -> JetStreamPuller:
+        puller = JetStreamPuller(self, stream, consumer)
+        await puller.start()
+        return puller

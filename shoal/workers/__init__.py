@@ -1,0 +1,1 @@
+"""Workers: pull loop, batcher and model adapters (encoder)."""

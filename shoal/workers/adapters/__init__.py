@@ -1,0 +1,19 @@
+"""Encoder adapters, one module per model family, chosen by the spec's `runtime`."""
+
+from __future__ import annotations
+
+from ...model_registry import ModelSpec
+from .base import EncoderAdapter, Tokenized
+
+__all__ = ["EncoderAdapter", "Tokenized", "make_adapter"]
+
+
+def make_adapter(spec: ModelSpec, device: str = "auto") -> EncoderAdapter:
+    """The adapter for `spec.runtime`; heavy imports happen only for the one chosen."""
+    if spec.runtime == "dummy":
+        from .dummy import DummyAdapter
+
+        return DummyAdapter(spec)
+    from .sentence_transformers import SentenceTransformerAdapter
+
+    return SentenceTransformerAdapter(spec, device=device)

@@ -1,0 +1,52 @@
+"""A deterministic stand-in encoder for tests that exercise the loop, not a model.
+
+Tokens are whitespace words hashed into a small vocabulary; a text's vector is the
+normalized sum of fixed random vectors of its tokens, so equal texts give equal vectors
+and the result is checkable without torch.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...model_registry import ModelSpec
+from .base import EncoderAdapter, Tokenized
+
+__all__ = ["DummyAdapter"]
+
+_VOCAB = 4096
+_CLS, _SEP = 1, 2
+
+
+class DummyAdapter(EncoderAdapter):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self._table = np.random.default_rng(0).standard_normal((_VOCAB, spec.dims)).astype("f4")
+        self.batches: list[int] = []
+        """Sizes of the batches embedded, for tests to check batching."""
+
+    def load(self) -> None:
+        pass
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
+        return self.prepare_ids(
+            [[3 + zlib.crc32(w.encode()) % (_VOCAB - 3) for w in t.split()] for t in texts]
+        )
+
+    def prepare_ids(self, token_ids: Sequence[Sequence[int]]) -> list[Tokenized]:
+        out = []
+        for ids in token_ids:
+            if any(not 0 <= i < _VOCAB for i in ids):
+                raise ValueError(f"token ids must be in [0, {_VOCAB})")
+            full = [_CLS, *ids, _SEP]
+            kept = [*full[: self.max_length - 1], _SEP] if len(full) > self.max_length else full
+            out.append(Tokenized(np.asarray(kept, dtype=np.int64), len(full)))
+        return out
+
+    def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
+        self.batches.append(len(batch))
+        vectors = np.stack([self._table[t.ids].sum(axis=0) for t in batch])
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)

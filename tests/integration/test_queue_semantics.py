@@ -1,0 +1,268 @@
+"""Real JetStream semantics under the worker loop: an in-process EncoderWorker with the
+dummy adapter against a real nats-server, driven through the gateway's Dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from shoal.config import Settings
+from shoal.model_registry import BatchProfile, ModelSpec
+from shoal.queue import (
+    Bus,
+    Dispatcher,
+    EmbedJob,
+    ErrorKind,
+    JobFailedError,
+    QueueFullError,
+    Subjects,
+)
+from shoal.queue.messages import decode_reply, encode
+from shoal.queue.provision import ensure_consumer, ensure_work_stream
+from shoal.workers.adapters.dummy import DummyAdapter
+from shoal.workers.encoder_worker import EncoderWorker
+
+SPEC = ModelSpec(
+    id="dummy/enc",
+    task="embed",
+    source="none",
+    runtime="dummy",
+    dims=16,
+    max_length=8,
+    profile=BatchProfile(max_batch_tokens=512, max_batch_items=16, max_wait_ms=2.0),
+)
+
+
+class FlakyAdapter(DummyAdapter):
+    """Fails every forward pass that contains the word 'boom'."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self.failures = 0
+
+    def embed(self, batch):
+        if any(int(t.ids[1]) == self._boom for t in batch if len(t.ids) > 2):
+            self.failures += 1
+            raise RuntimeError("boom")
+        return super().embed(batch)
+
+    def load(self) -> None:
+        self._boom = int(self.tokenize(["boom"])[0].ids[1])
+
+
+def settings_for(url: str, **nats) -> Settings:
+    s = Settings()
+    s.nats.url = url
+    s.nats.ack_wait = nats.pop("ack_wait", 2.0)
+    s.nats.max_deliver = nats.pop("max_deliver", 3)
+    for k, v in nats.items():
+        setattr(s.nats, k, v)
+    s.gateway.no_worker_policy = "queue"
+    s.worker.heartbeat_interval = 0.2
+    return s
+
+
+class Harness:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.subjects = Subjects(settings.nats.subject_prefix)
+        self.workers: list[tuple[EncoderWorker, asyncio.Event, asyncio.Task]] = []
+
+    async def open(self) -> None:
+        self.bus = await Bus.connect(self.settings.nats, "test-gateway")
+        self.dispatcher = Dispatcher(
+            self.bus, self.subjects, self.settings.gateway, self.settings.nats
+        )
+        await self.dispatcher.start()
+
+    async def add_worker(self, adapter: DummyAdapter | None = None) -> EncoderWorker:
+        bus = await Bus.connect(self.settings.nats, "test-worker")
+        worker = EncoderWorker(self.settings, bus, [adapter or DummyAdapter(SPEC)])
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        deadline = time.monotonic() + 10
+        while worker.state != "ready":
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.02)
+        self.workers.append((worker, stop, task))
+        worker.bus_for_test = bus
+        return worker
+
+    async def stop_worker(self, worker: EncoderWorker) -> None:
+        for w, stop, task in self.workers:
+            if w is worker:
+                stop.set()
+                await task
+                await w.bus.close()
+
+    def job(self, request_id: str, texts: list[str], part: int = 0, **kw) -> EmbedJob:
+        return EmbedJob(
+            request_id=request_id,
+            part=part,
+            model=SPEC.id,
+            reply_to=self.dispatcher.reply_subject,
+            deadline=kw.pop("deadline", time.time() + 30),
+            texts=texts,
+            **kw,
+        )
+
+    async def embed(self, texts: list[str], timeout: float = 20, **kw) -> np.ndarray:
+        rid = self.dispatcher.new_request_id()
+        results = await self.dispatcher.submit(
+            rid, [self.job(rid, texts, **kw)], "interactive", time.time() + timeout
+        )
+        r = results[0]
+        return np.frombuffer(r.data, dtype="<f4").reshape(r.rows, r.dims)
+
+    async def close(self) -> None:
+        for w, stop, task in self.workers:
+            if not task.done():
+                stop.set()
+                await task
+                await w.bus.close()
+        await self.bus.close()
+
+
+@pytest.fixture
+async def harness(nats_server) -> AsyncIterator[Harness]:
+    h = Harness(settings_for(nats_server.url))
+    await h.open()
+    yield h
+    await h.close()
+
+
+def expected(texts: list[str]) -> np.ndarray:
+    ref = DummyAdapter(SPEC)
+    return ref.embed(ref.tokenize(texts))
+
+
+async def test_a_job_goes_round_trip(harness: Harness) -> None:
+    await harness.add_worker()
+    texts = ["one two", "three", "four five six"]
+    np.testing.assert_allclose(await harness.embed(texts), expected(texts), rtol=1e-6)
+
+
+async def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(harness) -> None:
+    adapter = DummyAdapter(SPEC)
+    await harness.add_worker(adapter)
+    texts = [[f"request {i} word {j}" for j in range(i % 3 + 1)] for i in range(120)]
+    results = await asyncio.gather(*(harness.embed(t) for t in texts))
+    for t, got in zip(texts, results, strict=True):
+        np.testing.assert_allclose(got, expected(t), rtol=1e-6)
+    assert max(adapter.batches) > 1, adapter.batches
+
+
+async def test_an_expired_job_is_dropped_answered_and_acked(harness: Harness) -> None:
+    adapter = DummyAdapter(SPEC)
+    await harness.add_worker(adapter)
+    replies: list = []
+    await harness.bus.subscribe("test.replies", lambda data: replies.append(decode_reply(data)))
+    job = harness.job("late", ["never run"], deadline=time.time() - 1)
+    job = EmbedJob(
+        **{**{f: getattr(job, f) for f in job.__struct_fields__}, "reply_to": "test.replies"}
+    )
+    await harness.bus.publish_work(
+        [(harness.subjects.work("interactive", SPEC.id, "embed"), encode(job), "late.0")]
+    )
+    await _until(lambda: replies)
+    assert replies[0].kind is ErrorKind.DEADLINE_EXCEEDED
+    assert adapter.batches == [1]  # only the warm-up ran
+    await _until_stream_empty(harness)
+
+
+async def test_too_long_input_without_truncation_fails_and_is_terminated(harness) -> None:
+    await harness.add_worker()
+    with pytest.raises(JobFailedError) as info:
+        await harness.embed(["w " * 50], truncate=False)
+    assert info.value.failure.kind is ErrorKind.INVALID_INPUT
+    assert "52 tokens" in info.value.failure.message
+    # With truncation (the default) the same input is served.
+    assert (await harness.embed(["w " * 50])).shape == (1, 16)
+    await _until_stream_empty(harness)
+
+
+async def test_a_failing_forward_is_retried_then_fails_after_max_deliver(harness) -> None:
+    adapter = FlakyAdapter(SPEC)
+    await harness.add_worker(adapter)
+    with pytest.raises(JobFailedError) as info:
+        await harness.embed(["boom"], timeout=30)
+    assert info.value.failure.kind is ErrorKind.INTERNAL
+    assert adapter.failures == harness.settings.nats.max_deliver
+    await _until_stream_empty(harness)
+
+
+async def test_an_item_held_by_a_crashed_consumer_is_redelivered_after_ack_wait(harness) -> None:
+    s = harness.settings
+    await ensure_work_stream(harness.bus, s.nats, harness.subjects)
+    consumer = await ensure_consumer(harness.bus, s.nats, harness.subjects, "interactive", SPEC.id)
+    crashed = await harness.bus.puller(s.nats.stream, consumer)
+    task = asyncio.create_task(harness.embed(["survives a crash"]))
+    taken = await crashed.fetch(1, 5.0)
+    assert len(taken) == 1  # held by a "worker" that will never ack
+    started = time.monotonic()
+    await harness.add_worker()
+    got = await task
+    assert time.monotonic() - started >= s.nats.ack_wait * 0.8
+    np.testing.assert_allclose(got, expected(["survives a crash"]), rtol=1e-6)
+
+
+async def test_a_stopping_worker_returns_what_it_holds_at_once(harness) -> None:
+    class Slow(DummyAdapter):
+        def embed(self, batch):
+            time.sleep(0.05)
+            return super().embed(batch)
+
+    harness.settings.nats.ack_wait = 30.0  # a redelivery by timeout would take this long
+    first = await harness.add_worker(Slow(SPEC))
+    tasks = [asyncio.create_task(harness.embed([f"t{i}"], timeout=25)) for i in range(40)]
+    await asyncio.sleep(0.3)
+    await harness.add_worker()
+    started = time.monotonic()
+    await harness.stop_worker(first)
+    results = await asyncio.gather(*tasks)
+    assert len(results) == 40
+    assert time.monotonic() - started < 15
+
+
+async def test_the_same_msg_id_is_queued_once(harness: Harness) -> None:
+    s = harness.settings
+    await ensure_work_stream(harness.bus, s.nats, harness.subjects)
+    subject = harness.subjects.work("interactive", SPEC.id, "embed")
+    job = encode(harness.job("dup", ["x"]))
+    await harness.bus.publish_work([(subject, job, "dup.0"), (subject, job, "dup.0")])
+    state = await harness.bus.stream_state(s.nats.stream)
+    assert state["messages"] == 1
+
+
+async def test_a_full_stream_refuses_new_work_at_once(nats_server) -> None:
+    h = Harness(settings_for(nats_server.url, max_msgs=3))
+    await h.open()
+    try:
+        waiting = [asyncio.create_task(h.embed([f"q{i}"], timeout=5)) for i in range(3)]
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        with pytest.raises(QueueFullError):
+            await h.embed(["one too many"])
+        assert time.monotonic() - started < 1.0
+        for task in waiting:
+            task.cancel()
+    finally:
+        await h.close()
+
+
+async def _until(check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def _until_stream_empty(h: Harness, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (await h.bus.stream_state(h.settings.nats.stream))["messages"]:
+        assert time.monotonic() < deadline, "the stream still holds items"
+        await asyncio.sleep(0.05)

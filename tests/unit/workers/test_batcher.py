@@ -1,0 +1,102 @@
+"""The batcher on a fake clock: budgets, length sorting, the adaptive window, fairness."""
+
+from dataclasses import dataclass
+
+from shoal.model_registry import BatchProfile
+from shoal.workers.batcher import Batcher
+
+
+@dataclass
+class U:
+    cost: int
+    name: str = ""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(max_tokens: int = 100, max_items: int = 4, wait_ms: float = 5.0):
+    clock = Clock()
+    profile = BatchProfile(
+        max_batch_tokens=max_tokens, max_batch_items=max_items, max_wait_ms=wait_ms
+    )
+    return Batcher(profile, clock), clock
+
+
+def test_nothing_pending_is_never_ready() -> None:
+    batcher, _ = make()
+    assert batcher.ready_at() is None
+    assert not batcher.ready()
+    assert batcher.take() == []
+
+
+def test_a_lone_arrival_runs_at_once() -> None:
+    batcher, _ = make()
+    batcher.add([U(3)])
+    assert batcher.ready()  # no history of close arrivals: waiting would only add latency
+
+
+def test_frequent_arrivals_hold_a_partial_batch_open_for_the_window() -> None:
+    batcher, clock = make(wait_ms=5.0)
+    for _ in range(5):
+        batcher.add([U(1)])
+        batcher.take()
+        clock.now += 0.001  # 1 ms apart: arrivals come faster than the window
+    batcher.add([U(2)])
+    assert not batcher.ready()
+    assert batcher.ready_at() == clock.now + 0.005
+    clock.now += 0.005
+    assert batcher.ready()
+
+
+def test_a_full_batch_is_ready_without_waiting() -> None:
+    batcher, clock = make(max_items=3, wait_ms=50)
+    for _ in range(3):
+        batcher.add([U(1)])
+        clock.now += 0.0001
+    assert batcher.ready()
+    batcher2, _ = make(max_tokens=10, wait_ms=50)
+    batcher2.add([U(6)])
+    batcher2.add([U(6)])
+    assert batcher2.ready()
+
+
+def test_take_respects_item_and_token_budgets_in_fifo_order() -> None:
+    batcher, _ = make(max_tokens=100, max_items=4)
+    batcher.add([U(10, str(i)) for i in range(10)])
+    first = [u.name for b in batcher.take() for u in b]
+    assert first == ["0", "1", "2", "3"]
+    assert len(batcher) == 6
+    assert batcher.pending_tokens == 60
+
+
+def test_take_sorts_by_length_and_cuts_by_padded_cost() -> None:
+    batcher, _ = make(max_tokens=64, max_items=8)
+    batcher.add([U(30, "long"), U(2, "a"), U(3, "b"), U(2, "c"), U(20, "mid")])
+    batches = batcher.take()
+    for batch in batches:
+        assert len(batch) * max(u.cost for u in batch) <= 64
+    flat = [u.cost for b in batches for u in b]
+    assert flat == sorted(flat)
+    assert sorted(u.name for b in batches for u in b) == ["a", "b", "c", "long", "mid"]
+
+
+def test_an_oversized_unit_runs_alone() -> None:
+    batcher, _ = make(max_tokens=16)
+    batcher.add([U(40, "huge"), U(2, "small")])
+    assert [[u.name for u in b] for b in batcher.take()] == [["huge"]]
+    assert [[u.name for u in b] for b in batcher.take()] == [["small"]]
+
+
+def test_drop_removes_units_and_their_tokens() -> None:
+    batcher, _ = make()
+    batcher.add([U(5, "keep"), U(7, "drop")])
+    dropped = batcher.drop(lambda u: u.name == "keep")
+    assert [u.name for u in dropped] == ["drop"]
+    assert batcher.pending_tokens == 5
+    assert len(batcher) == 1
