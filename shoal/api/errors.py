@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 
 import msgspec
 from litestar import Request, Response
@@ -20,6 +21,7 @@ __all__ = ["exception_handlers"]
 log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
+_MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
 
 _TYPES_BY_STATUS = {
     401: ("authentication_error", "invalid_api_key"),
@@ -46,8 +48,11 @@ def _shoal_error(_: Request, exc: ShoalError) -> Response[bytes]:
 def _validation_error(_: Request, exc: ValidationException) -> Response[bytes]:
     problems = exc.extra if isinstance(exc.extra, list) else []
     first = problems[0] if problems and isinstance(problems[0], dict) else {}
-    param = first.get("key")
     detail = first.get("message") or exc.detail
+    param = first.get("key")
+    if param in (None, "data"):  # the whole body: name the field when msgspec does
+        missing = _MISSING_FIELD.search(detail)
+        param = missing.group(1) if missing else None
     if param:
         message = f"Invalid value for '{param}': {detail}"
     else:

@@ -1,0 +1,50 @@
+"""`shoal serve`: one command brings the whole system up; Ctrl-C takes all of it down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import openai
+import psutil
+import pytest
+
+from shoal.queue.embedded import free_port
+from tests.helpers import wait_ready
+
+pytestmark = pytest.mark.slow
+
+
+def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, model_name) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    env["SHOAL_DATA_DIR"] = str(tmp_path / "data")
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "serve", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", timeout=180)
+        children = psutil.Process(serve.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "nats-server" in names and "worker" in names and "gateway" in names
+        assert (tmp_path / "data" / "nats").is_dir()  # JetStream data in the data dir
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+        response = client.embeddings.create(model=model_name, input=["hello", "world"])
+        assert len(response.data) == 2 and len(response.data[0].embedding) == 384
+
+        serve.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        assert serve.wait(60) == 0
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"orphans: {[p.pid for p in alive]}"
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        log.close()
+    assert b"stopped" in (tmp_path / "serve.log").read_bytes()
