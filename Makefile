@@ -1,0 +1,35 @@
+# The two commands: `make serve` (set up, then start everything) and `make test`.
+# Both set up .venv/ first when it is missing or pyproject.toml changed.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch first and pinned: a looser spec pulls a multi-GB CUDA build. Elsewhere, e.g.
+# make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
+
+.PHONY: setup serve test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e '.[encoder,dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/shoal serve
+
+test: $(STAMP) lint
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+clean:
+	rm -rf $(VENV)
