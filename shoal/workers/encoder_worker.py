@@ -3,11 +3,11 @@
 Tasks, all on one event loop:
 
 - one pull task per served model fetches items from that model's durable consumer while
-  the worker has room (`max_held_jobs` items held, about two batches of inputs queued),
+  the worker has room (`max_held_jobs` items held, about four batches of inputs queued),
   decodes them, tokenizes them on the tokenizer thread and queues their inputs in the
   model's batcher;
-- one scheduler task owns the batchers: when one is ready it takes a round, runs each
-  sub-batch on the single forward thread, scatters the rows back to their jobs, and
+- one scheduler task owns the batchers: when one is ready it takes a batch, runs it on
+  the single forward thread, scatters the rows back to their jobs, and
   replies and acks each job that is complete;
 - a keepalive task sends `in_progress` for items held a while, so a long queue inside the
   worker is not mistaken for a dead worker;
@@ -51,6 +51,8 @@ from .held import HeldJob, Unit, embed_result
 __all__ = ["EncoderWorker"]
 
 log = logging.getLogger(__name__)
+
+_POOL_BATCHES = 4
 
 
 class _Lane:
@@ -157,7 +159,8 @@ class EncoderWorker:
     async def _pull(self, lane: _Lane) -> None:
         assert lane.source is not None
         max_held = self.settings.worker.max_held_jobs
-        queued_limit = 2 * lane.adapter.spec.profile.max_batch_items
+        # Enough pending inputs for the batcher to group by length (see batcher.py).
+        queued_limit = _POOL_BATCHES * lane.adapter.spec.profile.max_batch_items
         while not self._stopping:
             free = max_held - len(self._held)
             if free <= 0 or len(lane.batcher) >= queued_limit:
@@ -229,8 +232,7 @@ class EncoderWorker:
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
             await self._drop_expired(lane)
-            for batch in lane.batcher.take():
-                await self._run_batch(lane, batch)
+            await self._run_batch(lane, lane.batcher.take())
 
     def _next_lane(self) -> tuple[_Lane | None, float | None]:
         """The lane whose batch is due soonest, if due now; else when the next one is."""

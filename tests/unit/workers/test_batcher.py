@@ -66,31 +66,48 @@ def test_a_full_batch_is_ready_without_waiting() -> None:
     assert batcher2.ready()
 
 
-def test_take_respects_item_and_token_budgets_in_fifo_order() -> None:
-    batcher, _ = make(max_tokens=100, max_items=4)
+def test_take_respects_the_item_budget_and_serves_the_oldest_first() -> None:
+    batcher, _ = make(max_tokens=1000, max_items=4)
     batcher.add([U(10, str(i)) for i in range(10)])
-    first = [u.name for b in batcher.take() for u in b]
-    assert first == ["0", "1", "2", "3"]
+    assert [u.name for u in batcher.take()] == ["0", "1", "2", "3"]  # equal lengths: FIFO
     assert len(batcher) == 6
     assert batcher.pending_tokens == 60
 
 
-def test_take_sorts_by_length_and_cuts_by_padded_cost() -> None:
+def test_take_groups_by_length_around_the_oldest_unit() -> None:
+    batcher, _ = make(max_tokens=1000, max_items=3)
+    batcher.add([U(20, "oldest"), U(2, "a"), U(21, "b"), U(3, "c"), U(19, "d"), U(2, "e")])
+    first = batcher.take()
+    assert sorted(u.name for u in first) == ["b", "d", "oldest"]
+    assert [u.cost for u in first] == sorted(u.cost for u in first)
+    assert sorted(u.name for u in batcher.take()) == ["a", "c", "e"]
+
+
+def test_take_keeps_padded_cost_within_the_token_budget() -> None:
     batcher, _ = make(max_tokens=64, max_items=8)
     batcher.add([U(30, "long"), U(2, "a"), U(3, "b"), U(2, "c"), U(20, "mid")])
-    batches = batcher.take()
-    for batch in batches:
-        assert len(batch) * max(u.cost for u in batch) <= 64
-    flat = [u.cost for b in batches for u in b]
-    assert flat == sorted(flat)
-    assert sorted(u.name for b in batches for u in b) == ["a", "b", "c", "long", "mid"]
+    seen = []
+    while len(batcher):
+        batch = batcher.take()
+        assert len(batch) * max(u.cost for u in batch) <= 64 or len(batch) == 1
+        seen += [u.name for u in batch]
+    assert sorted(seen) == ["a", "b", "c", "long", "mid"]
+    assert batcher.pending_tokens == 0
+
+
+def test_no_unit_starves_behind_a_stream_of_others() -> None:
+    batcher, _ = make(max_tokens=10_000, max_items=2)
+    batcher.add([U(50, "odd one")])
+    for i in range(3):
+        batcher.add([U(5, f"s{i}"), U(5, f"t{i}")])
+    assert "odd one" in [u.name for u in batcher.take()]
 
 
 def test_an_oversized_unit_runs_alone() -> None:
     batcher, _ = make(max_tokens=16)
     batcher.add([U(40, "huge"), U(2, "small")])
-    assert [[u.name for u in b] for b in batcher.take()] == [["huge"]]
-    assert [[u.name for u in b] for b in batcher.take()] == [["small"]]
+    assert [u.name for u in batcher.take()] == ["huge"]
+    assert [u.name for u in batcher.take()] == ["small"]
 
 
 def test_drop_removes_units_and_their_tokens() -> None:
