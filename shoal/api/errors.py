@@ -12,7 +12,7 @@ import re
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 
 from ..compat.errors import ErrorResponse, ShoalError, error_response
 
@@ -45,14 +45,22 @@ def _shoal_error(_: Request, exc: ShoalError) -> Response[bytes]:
     return _respond(exc.status_code, exc.to_response(), exc.retry_after)
 
 
-def _validation_error(_: Request, exc: ValidationException) -> Response[bytes]:
+def _validation_error(request: Request, exc: ValidationException) -> Response[bytes]:
+    if request.headers.get("content-length", "0") == "0" and request.method == "POST":
+        message = "A request body is required"
+        return _respond(400, error_response(message, "invalid_request_error", None, None))
     problems = exc.extra if isinstance(exc.extra, list) else []
     first = problems[0] if problems and isinstance(problems[0], dict) else {}
     detail = first.get("message") or exc.detail
     param = first.get("key")
     if param in (None, "data"):  # the whole body: name the field when msgspec does
         missing = _MISSING_FIELD.search(detail)
-        param = missing.group(1) if missing else None
+        if missing:
+            message = f"'{missing.group(1)}' is required"
+            return _respond(
+                400, error_response(message, "invalid_request_error", missing.group(1), "missing")
+            )
+        param = None
     if param:
         message = f"Invalid value for '{param}': {detail}"
     else:
@@ -66,7 +74,7 @@ def _http_error(_: Request, exc: HTTPException) -> Response[bytes]:
         status, ("invalid_request_error" if status < 500 else "server_error", None)
     )
     detail = exc.detail
-    if status == 400 and "decod" in detail.lower():
+    if isinstance(exc.__cause__, SerializationException):
         detail = f"The request body could not be parsed: {detail}"
     return _respond(status, error_response(detail, type_, None, code))
 

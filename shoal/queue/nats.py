@@ -32,7 +32,6 @@ __all__ = [
     "Bus",
     "JetStreamPuller",
     "NatsDelivery",
-    "PublishFailure",
 ]
 
 log = logging.getLogger(__name__)
@@ -41,10 +40,6 @@ log = logging.getLogger(__name__)
 _STREAM_FULL_CODES = {10077, 10078, 10047}  # max messages, max bytes, storage exhausted
 _STATUS = api.Header.STATUS
 _MSG_ID = api.Header.MSG_ID
-
-
-class PublishFailure(Exception):
-    pass
 
 
 class NatsDelivery:

@@ -63,10 +63,15 @@ def test_invalid_embedding_requests_are_400(http, body: bytes, param: str) -> No
     assert error["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"", b'{"model": "x", "input": "unterminated'])
+@pytest.mark.parametrize("body", [b"{not json", b'{"model": "x", "input": "unterminated'])
 def test_malformed_json_is_400(http, body: bytes) -> None:
     r = http.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
-    check_error(r, 400)
+    assert "could not be parsed" in check_error(r, 400)["message"]
+
+
+def test_an_empty_body_is_400(http) -> None:
+    r = http.post("/v1/embeddings", content=b"", headers={"content-type": "application/json"})
+    assert "body is required" in check_error(r, 400)["message"]
 
 
 def test_unknown_model_is_404_model_not_found(http) -> None:
