@@ -10,6 +10,7 @@ import pytest
 
 from shoal.queue.embedded import EmbeddedNats, nats_server_binary
 from tests.helpers import MODEL, start_gateway, start_worker, wait_ready
+from tests.task_models import TASK_MODELS, build_task_models
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -59,10 +60,18 @@ def session_nats(session_dir: Path) -> Iterator[EmbeddedNats]:
 
 
 @pytest.fixture(scope="session")
-def stack(session_nats: EmbeddedNats, session_dir: Path) -> Iterator[str]:
-    """nats-server + one MiniLM worker + one gateway, as real processes; the base URL."""
-    worker = start_worker(session_nats.url, session_dir)
-    gateway, base = start_gateway(session_nats.url, session_dir)
+def task_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model spec listing tiny NER, rerank, classify and multi-vector models."""
+    return build_task_models(tmp_path_factory.mktemp("task-models"))
+
+
+@pytest.fixture(scope="session")
+def stack(session_nats: EmbeddedNats, session_dir: Path, task_models: Path) -> Iterator[str]:
+    """nats-server + one worker serving MiniLM and every task model + one gateway, as real
+    processes; the base URL."""
+    env = {"SHOAL_MODELS_FILE": str(task_models)}
+    worker = start_worker(session_nats.url, session_dir, models=TASK_MODELS, extra=env)
+    gateway, base = start_gateway(session_nats.url, session_dir, env)
     try:
         wait_ready(base, worker)
         yield base

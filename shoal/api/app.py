@@ -11,7 +11,16 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from .. import __version__
 from ..config import Settings
 from .errors import exception_handlers
-from .routes import EmbeddingsController, HealthController, ModelsController, NativeController
+from .routes import (
+    ClassifyController,
+    EmbeddingsController,
+    HealthController,
+    ModelsController,
+    MultiVectorController,
+    NativeController,
+    NerController,
+    RerankController,
+)
 from .runtime import Runtime, runtime_lifespan
 
 __all__ = ["create_app"]
@@ -23,7 +32,16 @@ def _provide_runtime(state: State) -> Runtime:
 
 def create_app(settings: Settings) -> Litestar:
     return Litestar(
-        route_handlers=[EmbeddingsController, ModelsController, NativeController, HealthController],
+        route_handlers=[
+            EmbeddingsController,
+            ModelsController,
+            NerController,
+            MultiVectorController,
+            RerankController,
+            ClassifyController,
+            NativeController,
+            HealthController,
+        ],
         dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
         lifespan=[runtime_lifespan(settings)],
         exception_handlers=exception_handlers,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -27,6 +27,7 @@ from ..compat.errors import (
     ShoalError,
     UnavailableError,
 )
+from ..compat.jobs import Envelope
 from ..config import Settings
 from ..model_registry import ModelRegistry, ModelSpec, UnknownModelError
 from ..queue import (
@@ -34,12 +35,14 @@ from ..queue import (
     DeadlineExceededError,
     Dispatcher,
     ErrorKind,
+    Job,
     JobFailedError,
     NoWorkerError,
     QueueFullError,
     QueueUnavailableError,
     Subjects,
 )
+from ..queue.messages import Result
 
 __all__ = ["Runtime", "RuntimeDep", "runtime_lifespan"]
 
@@ -75,11 +78,37 @@ class Runtime:
     async def close(self) -> None:
         await self.bus.close()
 
-    def resolve(self, name: str) -> ModelSpec:
+    def resolve(self, name: str, op: str = "embed") -> ModelSpec:
+        """The spec of model `name`, which must serve `op`.
+
+        Raises:
+            ModelNotFoundError: no such model.
+            InvalidRequestError: the model does not serve `op` (the message names what
+                it does serve).
+        """
         try:
-            return self.registry.resolve(name)
+            spec = self.registry.resolve(name)
         except UnknownModelError:
             raise ModelNotFoundError(name) from None
+        if op not in spec.tasks:
+            raise InvalidRequestError(
+                f"model '{spec.id}' does not serve {op}; it serves {', '.join(spec.tasks)}",
+                param="model",
+                code="unsupported_task",
+            )
+        return spec
+
+    async def run(self, spec: ModelSpec, build: Callable[[Envelope], list[Job]]) -> list[Result]:
+        """Build a request's jobs and run them through the queue; queue and worker
+        failures become ShoalErrors."""
+        dispatcher = self.dispatcher
+        request_id = dispatcher.new_request_id()
+        deadline = time.time() + self.settings.gateway.request_timeout
+        jobs = build(Envelope(request_id, spec.id, dispatcher.reply_subject, deadline))
+        try:
+            return await dispatcher.submit(request_id, jobs, "interactive", deadline)
+        except Exception as exc:
+            raise _as_shoal_error(exc, spec.id) from exc
 
     async def embed(
         self,
@@ -88,25 +117,21 @@ class Runtime:
         texts: Sequence[str] = (),
         token_ids: Sequence[list[int]] = (),
     ) -> Vectors:
-        """Embed inputs through the queue; queue and worker failures become ShoalErrors."""
-        dispatcher = self.dispatcher
-        request_id = dispatcher.new_request_id()
-        deadline = time.time() + self.settings.gateway.request_timeout
-        jobs = build_embed_jobs(
-            request_id=request_id,
-            spec=spec,
-            texts=texts,
-            token_ids=token_ids,
-            options=options,
-            reply_to=dispatcher.reply_subject,
-            deadline=deadline,
-            limits=self.settings.gateway,
+        """Embed inputs through the queue."""
+        results = await self.run(
+            spec,
+            lambda env: build_embed_jobs(
+                request_id=env.request_id,
+                spec=spec,
+                texts=texts,
+                token_ids=token_ids,
+                options=options,
+                reply_to=env.reply_to,
+                deadline=env.deadline,
+                limits=self.settings.gateway,
+            ),
         )
-        try:
-            results = await dispatcher.submit(request_id, jobs, "interactive", deadline)
-        except Exception as exc:
-            raise _as_shoal_error(exc, spec.id) from exc
-        return join_vectors(results)
+        return join_vectors(results)  # type: ignore[arg-type]
 
 
 RuntimeDep = Annotated[Runtime, Dependency(skip_validation=True)]

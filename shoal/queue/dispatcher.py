@@ -28,9 +28,10 @@ from .errors import (
     QueueUnavailableError,
 )
 from .messages import (
-    EmbedResult,
+    OP_OF_JOB,
     Job,
     JobFailed,
+    Result,
     WorkerHeartbeat,
     decode_heartbeat,
     decode_reply,
@@ -56,11 +57,11 @@ class _Pending:
     __slots__ = ("future", "remaining", "results")
 
     def __init__(self, parts: int) -> None:
-        self.results: list[EmbedResult | None] = [None] * parts
+        self.results: list[Result | None] = [None] * parts
         self.remaining = parts
-        self.future: asyncio.Future[list[EmbedResult]] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
 
-    def accept(self, reply: EmbedResult | JobFailed) -> None:
+    def accept(self, reply: Result | JobFailed) -> None:
         if self.future.done() or not 0 <= reply.part < len(self.results):
             return
         if isinstance(reply, JobFailed):
@@ -107,7 +108,7 @@ class Dispatcher:
 
     async def submit(
         self, request_id: str, jobs: Sequence[Job], lane: Lane, deadline: float
-    ) -> list[EmbedResult]:
+    ) -> list[Result]:
         """Publish `jobs` (the parts of one request) and return their results in order.
 
         Raises:
@@ -121,7 +122,7 @@ class Dispatcher:
             raise NoWorkerError(model)
         if not self._bus.is_connected:
             raise QueueUnavailableError("not connected to NATS")
-        subject = self._subjects.work(lane, model, "embed")
+        subject = self._subjects.work(lane, model, OP_OF_JOB[type(jobs[0])])  # type: ignore[arg-type]
         pending = self._pending[request_id] = _Pending(len(jobs))
         try:
             await self._bus.publish_work(

@@ -18,15 +18,29 @@ from typing import Literal
 import msgspec
 
 __all__ = [
+    "OP_OF_JOB",
+    "ClassifyJob",
+    "ClassifyResult",
     "EmbedJob",
     "EmbedResult",
+    "Entity",
     "ErrorKind",
     "Job",
     "JobFailed",
+    "JobHeader",
+    "LabelScore",
+    "MultiVectorJob",
+    "MultiVectorResult",
+    "NerJob",
+    "NerResult",
     "Reply",
+    "RerankJob",
+    "Result",
+    "ScoresResult",
     "WorkerHeartbeat",
     "decode_heartbeat",
     "decode_job",
+    "decode_job_header",
     "decode_reply",
     "encode",
 ]
@@ -69,7 +83,71 @@ class EmbedJob(_Wire, tag="embed"):
     """Position of this item's first input in the request, for error messages."""
 
 
-Job = EmbedJob
+class MultiVectorJob(_Wire, tag="multivector"):
+    request_id: str
+    part: int
+    model: str
+    reply_to: str
+    deadline: float
+    texts: list[str]
+    truncate: bool = True
+    normalize: bool = True
+    skip_special: bool = True
+    """Leave out special tokens ([CLS], [SEP], ...)."""
+    skip_punctuation: bool = False
+    dtype: Dtype = "float32"
+    first_index: int = 0
+
+
+class NerJob(_Wire, tag="ner"):
+    request_id: str
+    part: int
+    model: str
+    reply_to: str
+    deadline: float
+    texts: list[str]
+    aggregation: Literal["none", "simple", "first", "max", "average"] = "simple"
+    labels: list[str] = []
+    """Keep only entities with these labels; empty keeps all but `O`."""
+    threshold: float = 0.0
+    first_index: int = 0
+
+
+class ClassifyJob(_Wire, tag="classify"):
+    request_id: str
+    part: int
+    model: str
+    reply_to: str
+    deadline: float
+    texts: list[str]
+    top_k: int = 0
+    """Labels per text, best first; 0 keeps all."""
+    truncate: bool = True
+    first_index: int = 0
+
+
+class RerankJob(_Wire, tag="rerank"):
+    request_id: str
+    part: int
+    model: str
+    reply_to: str
+    deadline: float
+    query: str
+    documents: list[str]
+    truncate: bool = True
+    first_index: int = 0
+
+
+Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob
+
+OP_OF_JOB: dict[type, str] = {
+    EmbedJob: "embed",
+    MultiVectorJob: "multivector",
+    NerJob: "ner",
+    ClassifyJob: "classify",
+    RerankJob: "rerank",
+}
+"""The op (subject token, batcher key) each job type is."""
 
 
 class EmbedResult(_Wire, tag="embed_result"):
@@ -86,6 +164,62 @@ class EmbedResult(_Wire, tag="embed_result"):
     """From the pull to the result (batching, forward pass, post-processing)."""
 
 
+class MultiVectorResult(_Wire, tag="multivector_result"):
+    """Each text's token vectors, concatenated: `counts[i]` rows for text i, `dims` wide."""
+
+    request_id: str
+    part: int
+    data: bytes
+    counts: list[int]
+    dims: int
+    dtype: Dtype = "float32"
+    prompt_tokens: int = 0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+
+
+class Entity(_Wire, tag="entity"):
+    label: str
+    start: int
+    """Character offsets into the original text: `text[start:end]` is the entity."""
+    end: int
+    score: float
+
+
+class NerResult(_Wire, tag="ner_result"):
+    request_id: str
+    part: int
+    entities: list[list[Entity]]
+    prompt_tokens: int = 0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+
+
+class LabelScore(_Wire, tag="label"):
+    label: str
+    score: float
+
+
+class ClassifyResult(_Wire, tag="classify_result"):
+    request_id: str
+    part: int
+    labels: list[list[LabelScore]]
+    prompt_tokens: int = 0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+
+
+class ScoresResult(_Wire, tag="scores_result"):
+    """One relevance score per document of a rerank item, in the item's order."""
+
+    request_id: str
+    part: int
+    scores: list[float]
+    prompt_tokens: int = 0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+
+
 class JobFailed(_Wire, tag="failed"):
     request_id: str
     part: int
@@ -94,7 +228,8 @@ class JobFailed(_Wire, tag="failed"):
     param: str = ""
 
 
-Reply = EmbedResult | JobFailed
+Result = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult
+Reply = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult | JobFailed
 
 
 class WorkerHeartbeat(_Wire, tag="heartbeat"):
@@ -104,8 +239,19 @@ class WorkerHeartbeat(_Wire, tag="heartbeat"):
     sent_at: float
 
 
+class JobHeader(msgspec.Struct):
+    """The fields every job has: enough to answer one that cannot be decoded in full
+    (an unknown tag from a newer gateway, a corrupt field) instead of leaving its
+    request to time out."""
+
+    request_id: str
+    part: int
+    reply_to: str
+
+
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 decode_job = msgspec.msgpack.Decoder(Job).decode
+decode_job_header = msgspec.msgpack.Decoder(JobHeader).decode
 decode_reply = msgspec.msgpack.Decoder(Reply).decode
 decode_heartbeat = msgspec.msgpack.Decoder(WorkerHeartbeat).decode

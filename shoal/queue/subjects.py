@@ -18,7 +18,7 @@ from typing import Literal
 __all__ = ["Lane", "Op", "Subjects", "model_token", "token_model"]
 
 Lane = Literal["interactive", "batch"]
-Op = Literal["embed"]
+Op = Literal["embed", "multivector", "ner", "classify", "rerank"]
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 

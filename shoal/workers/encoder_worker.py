@@ -18,7 +18,7 @@ How each outcome settles its item:
 | outcome                                  | reply           | settle           |
 |------------------------------------------|-----------------|------------------|
 | answered                                 | result          | ack              |
-| undecodable item                         | none            | term             |
+| undecodable item                         | failure, if its header reads | term |
 | deadline passed before it ran            | failure         | ack              |
 | invalid input (too long, bad token ids)  | failure         | term             |
 | forward pass failed, deliveries left     | none            | nak(1 s)         |
@@ -41,12 +41,13 @@ import msgspec
 
 from ..config import Settings
 from ..queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
-from ..queue.messages import EmbedJob, decode_job, encode
+from ..queue.messages import decode_job, decode_job_header, encode
 from ..queue.provision import ensure_consumer, ensure_work_stream
 from ..queue.source import WorkSource
 from .adapters.base import EncoderAdapter, Tokenized
 from .batcher import Batcher
-from .held import HeldJob, Unit, embed_result
+from .held import HeldJob, Unit
+from .results import build_result
 
 __all__ = ["EncoderWorker"]
 
@@ -56,16 +57,23 @@ _POOL_BATCHES = 4
 
 
 class _Lane:
-    """One served model: its adapter, its batcher and the consumer it pulls from."""
+    """One served model: its adapter, a batcher per op (batches never mix ops) and the
+    consumer it pulls from."""
 
     def __init__(self, adapter: EncoderAdapter, clock: Callable[[], float]) -> None:
         self.adapter = adapter
-        self.batcher: Batcher[Unit] = Batcher(adapter.spec.profile, clock)
+        self.batchers: dict[str, Batcher[Unit]] = {
+            op: Batcher(adapter.spec.profile, clock) for op in adapter.spec.tasks
+        }
         self.source: WorkSource | None = None
 
     @property
     def model(self) -> str:
         return self.adapter.spec.id
+
+    @property
+    def queued(self) -> int:
+        return sum(len(b) for b in self.batchers.values())
 
 
 class EncoderWorker:
@@ -163,7 +171,7 @@ class EncoderWorker:
         queued_limit = _POOL_BATCHES * lane.adapter.spec.profile.max_batch_items
         while not self._stopping:
             free = max_held - len(self._held)
-            if free <= 0 or len(lane.batcher) >= queued_limit:
+            if free <= 0 or lane.queued >= queued_limit:
                 self._room.clear()
                 await self._room.wait()
                 continue
@@ -184,9 +192,8 @@ class EncoderWorker:
         for delivery in deliveries:
             try:
                 job = decode_job(delivery.data)
-            except msgspec.DecodeError:
-                log.error("dropping an undecodable work item (%d bytes)", len(delivery.data))
-                await delivery.term()
+            except msgspec.DecodeError as exc:
+                await self._refuse(delivery, exc)
                 continue
             held = HeldJob(delivery, job)
             if job.deadline <= now:
@@ -202,22 +209,31 @@ class EncoderWorker:
         if not fresh:
             return
         loop = asyncio.get_running_loop()
-        tokenized = await loop.run_in_executor(self._tokenize, _tokenize_jobs, lane.adapter, fresh)
-        for held, tokens in zip(fresh, tokenized, strict=True):
+        prepared = await loop.run_in_executor(self._tokenize, _prepare, lane.adapter, fresh)
+        for held, tokens in zip(fresh, prepared, strict=True):
             if isinstance(tokens, str):
                 await self._fail(held, ErrorKind.INVALID_INPUT, tokens, settle="term")
                 continue
-            if not held.job.truncate:
+            if not getattr(held.job, "truncate", True):
                 too_long = next((i for i, t in enumerate(tokens) if t.truncated), None)
                 if too_long is not None:
-                    await self._fail(
-                        held,
-                        ErrorKind.INVALID_INPUT,
-                        _too_long(held, too_long, tokens[too_long], lane.adapter.max_length),
-                        settle="term",
-                    )
+                    message = _too_long(held, too_long, tokens[too_long], lane.adapter.max_length)
+                    await self._fail(held, ErrorKind.INVALID_INPUT, message, settle="term")
                     continue
-            lane.batcher.add(held.start(tokens, lane.adapter.dims))
+            batcher = lane.batchers.get(held.op)
+            if batcher is None:
+                await self._fail(
+                    held,
+                    ErrorKind.INVALID_INPUT,
+                    f"model {lane.model!r} does not serve {held.op}",
+                    settle="term",
+                )
+                continue
+            units = held.start(tokens)
+            if units:
+                batcher.add(units)
+            else:
+                await self._answer(held, lane)
         self._wake.set()
 
     # Batching and running ----------------------------------------------------------------
@@ -225,36 +241,39 @@ class EncoderWorker:
     async def _schedule(self) -> None:
         while True:
             self._wake.clear()
-            lane, wake_at = self._next_lane()
-            if lane is None:
+            due, wake_at = self._next_due()
+            if due is None:
                 timeout = None if wake_at is None else max(0.0, wake_at - self._clock())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
-            await self._drop_expired(lane)
-            await self._run_batch(lane, lane.batcher.take())
+            lane, op = due
+            batcher = lane.batchers[op]
+            await self._drop_expired(batcher)
+            await self._run_batch(lane, op, batcher.take())
 
-    def _next_lane(self) -> tuple[_Lane | None, float | None]:
-        """The lane whose batch is due soonest, if due now; else when the next one is."""
-        best: tuple[float, _Lane] | None = None
+    def _next_due(self) -> tuple[tuple[_Lane, str] | None, float | None]:
+        """The (lane, op) whose batch is due soonest, if due now; else when one will be."""
+        best: tuple[float, _Lane, str] | None = None
         for lane in self._lanes.values():
-            at = lane.batcher.ready_at()
-            if at is not None and (best is None or at < best[0]):
-                best = (at, lane)
+            for op, batcher in lane.batchers.items():
+                at = batcher.ready_at()
+                if at is not None and (best is None or at < best[0]):
+                    best = (at, lane, op)
         if best is None:
             return None, None
         if best[0] <= self._clock():
-            return best[1], None
+            return (best[1], best[2]), None
         return None, best[0]
 
-    async def _run_batch(self, lane: _Lane, batch: list[Unit]) -> None:
+    async def _run_batch(self, lane: _Lane, op: str, batch: list[Unit]) -> None:
         batch = [u for u in batch if not u.held.done]
         if not batch:
             return
         loop = asyncio.get_running_loop()
         try:
-            vectors = await loop.run_in_executor(
-                self._forward, lane.adapter.embed, [u.tok for u in batch]
+            outputs = await loop.run_in_executor(
+                self._forward, lane.adapter.forward, op, [u.tok for u in batch]
             )
         except Exception:
             log.exception("forward pass failed for %s (batch of %d)", lane.model, len(batch))
@@ -262,14 +281,14 @@ class EncoderWorker:
                 await self._retry_or_fail(held)
             return
         self.batches_run += 1
-        for unit, vector in zip(batch, vectors, strict=True):
+        for unit, output in zip(batch, outputs, strict=True):
             held = unit.held
-            if not held.done and held.fill(unit.row, vector):
+            if not held.done and held.fill(unit.row, output):
                 await self._answer(held, lane)
 
-    async def _drop_expired(self, lane: _Lane) -> None:
+    async def _drop_expired(self, batcher: Batcher[Unit]) -> None:
         now = time.time()
-        dropped = lane.batcher.drop(lambda u: not u.held.done and u.held.job.deadline > now)
+        dropped = batcher.drop(lambda u: not u.held.done and u.held.job.deadline > now)
         for held in {id(u.held): u.held for u in dropped}.values():
             if not held.done:
                 await self._fail(
@@ -282,7 +301,12 @@ class EncoderWorker:
     # Settling ------------------------------------------------------------------------------
 
     async def _answer(self, held: HeldJob, lane: _Lane) -> None:
-        result = embed_result(held, lane.adapter.spec.normalize)
+        try:
+            result = build_result(held, lane.adapter)
+        except Exception:
+            log.exception("post-processing failed for %s", held.job.request_id)
+            await self._fail(held, ErrorKind.INTERNAL, "post-processing failed", settle="term")
+            return
         try:
             await self.bus.publish(held.job.reply_to, encode(result))
         except Exception as exc:  # leave it unacked: it is redelivered and answered again
@@ -305,6 +329,26 @@ class EncoderWorker:
         except Exception as exc:
             log.warning("failure reply for %s failed: %r", job.request_id, exc)
         await self._settle(held, settle)
+
+    async def _refuse(self, delivery: Delivery, exc: Exception) -> None:
+        """An item this worker cannot read: answer it if its header is readable, then
+        drop it for good."""
+        log.error("undecodable work item (%d bytes): %s", len(delivery.data), exc)
+        try:
+            header = decode_job_header(delivery.data)
+        except msgspec.DecodeError:
+            header = None
+        if header is not None:
+            failure = JobFailed(
+                request_id=header.request_id,
+                part=header.part,
+                kind=ErrorKind.INTERNAL,
+                message=f"the worker could not read this work item: {exc}",
+            )
+            with contextlib.suppress(Exception):
+                await self.bus.publish(header.reply_to, encode(failure))
+        with contextlib.suppress(Exception):
+            await delivery.term()
 
     async def _retry_or_fail(self, held: HeldJob) -> None:
         if held.delivery.num_delivered < self.settings.nats.max_deliver:
@@ -367,23 +411,12 @@ class EncoderWorker:
             log.debug("heartbeat failed: %r", exc)
 
 
-def _tokenize_jobs(adapter: EncoderAdapter, jobs: list[HeldJob]) -> list[list[Tokenized] | str]:
-    """Tokenize several jobs' texts in one call (the fast tokenizer parallelizes it);
-    a job whose inputs cannot be tokenized gets an error message instead."""
-    texts: list[str] = []
-    for held in jobs:
-        texts.extend(held.job.texts)
-    tokens = adapter.tokenize(texts) if texts else []
+def _prepare(adapter: EncoderAdapter, jobs: list[HeldJob]) -> list[list[Tokenized] | str]:
+    """Each job's rows; a job whose inputs the model cannot take gets an error message."""
     out: list[list[Tokenized] | str] = []
-    start = 0
     for held in jobs:
-        job: EmbedJob = held.job
-        if job.texts:
-            out.append(tokens[start : start + len(job.texts)])
-            start += len(job.texts)
-            continue
         try:
-            out.append(adapter.prepare_ids(job.token_ids))
+            out.append(adapter.units(held.job))
         except ValueError as exc:
             out.append(str(exc))
     return out

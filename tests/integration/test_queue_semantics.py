@@ -28,7 +28,7 @@ from shoal.workers.encoder_worker import EncoderWorker
 
 SPEC = ModelSpec(
     id="dummy/enc",
-    task="embed",
+    tasks=["embed"],
     source="none",
     runtime="dummy",
     dims=16,
@@ -266,3 +266,27 @@ async def _until_stream_empty(h: Harness, timeout: float = 10.0) -> None:
     while (await h.bus.stream_state(h.settings.nats.stream))["messages"]:
         assert time.monotonic() < deadline, "the stream still holds items"
         await asyncio.sleep(0.05)
+
+
+async def test_an_item_the_worker_cannot_read_is_answered_not_left_to_time_out(harness) -> None:
+    import msgspec
+
+    await harness.add_worker()
+    replies: list = []
+    await harness.bus.subscribe("test.replies", lambda data: replies.append(decode_reply(data)))
+    future_job = msgspec.msgpack.encode(
+        {
+            "type": "a-newer-op",
+            "request_id": "new",
+            "part": 0,
+            "model": SPEC.id,
+            "reply_to": "test.replies",
+            "deadline": time.time() + 30,
+        }
+    )
+    subject = harness.subjects.work("interactive", SPEC.id, "embed")
+    await harness.bus.publish_work([(subject, future_job, "new.0")])
+    await _until(lambda: replies)
+    assert replies[0].kind is ErrorKind.INTERNAL
+    assert "could not read" in replies[0].message
+    await _until_stream_empty(harness)

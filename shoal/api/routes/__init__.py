@@ -4,5 +4,15 @@ from .embeddings import EmbeddingsController
 from .health import HealthController
 from .models import ModelsController
 from .native import NativeController
+from .tasks import ClassifyController, MultiVectorController, NerController, RerankController
 
-__all__ = ["EmbeddingsController", "HealthController", "ModelsController", "NativeController"]
+__all__ = [
+    "ClassifyController",
+    "EmbeddingsController",
+    "HealthController",
+    "ModelsController",
+    "MultiVectorController",
+    "NativeController",
+    "NerController",
+    "RerankController",
+]

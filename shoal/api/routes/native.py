@@ -1,4 +1,4 @@
-"""POST /native/v1/embed: MessagePack in and out, vectors as one raw buffer."""
+"""POST /native/v1/{embed,ner,multivector}: MessagePack in and out, vectors as raw buffers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ from litestar.params import Body
 
 from ...compat.errors import UnsupportedMediaTypeError
 from ...compat.native import NativeEmbedRequest, NativeEmbedResponse
+from ...compat.tasks import (
+    NativeMultiVectorRequest,
+    NativeMultiVectorResponse,
+    NativeNerRequest,
+    NerResponse,
+)
 from ..runtime import RuntimeDep
 from ._timing import timing_headers
 
@@ -46,3 +52,37 @@ class NativeController(Controller):
         vectors = await runtime.embed(spec, data.options(), texts=data.inputs)
         body = _encode(NativeEmbedResponse.from_vectors(vectors, spec.id))
         return Response(body, media_type=MSGPACK, headers=timing_headers(vectors))
+
+    @post("/ner", status_code=200, media_type=MSGPACK, summary="Named entities (msgpack)")
+    async def ner(
+        self,
+        data: Annotated[NativeNerRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
+        runtime: RuntimeDep,
+    ) -> Response[bytes]:
+        spec = runtime.resolve(data.model, "ner")
+        texts = data.texts()
+        limits = runtime.settings.gateway
+        results = await runtime.run(spec, lambda env: data.to_jobs(env, limits))
+        return Response(
+            _encode(NerResponse.from_results(texts, results, spec.id)), media_type=MSGPACK
+        )
+
+    @post(
+        "/multivector",
+        status_code=200,
+        media_type=MSGPACK,
+        summary="Token vectors (msgpack): one buffer plus row offsets",
+    )
+    async def multivector(
+        self,
+        data: Annotated[NativeMultiVectorRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
+        runtime: RuntimeDep,
+    ) -> Response[bytes]:
+        spec = runtime.resolve(data.model, "multivector")
+        dims = spec.multivector.dims or spec.dims
+        limits = runtime.settings.gateway
+        results = await runtime.run(
+            spec, lambda env: data.to_jobs(env, limits, dims, spec.max_length, data.dtype)
+        )
+        body = NativeMultiVectorResponse.from_results(results, spec.id)  # type: ignore[arg-type]
+        return Response(_encode(body), media_type=MSGPACK)

@@ -17,7 +17,7 @@ class Model(msgspec.Struct, kw_only=True):
     owned_by: str
     object: Literal["model"] = "model"
     # --- Shoal extensions -------------------------------------------------------------
-    task: str
+    tasks: list[str]
     dims: int
     max_length: int
     aliases: list[str]
@@ -30,7 +30,7 @@ class Model(msgspec.Struct, kw_only=True):
             id=spec.id,
             created=created,
             owned_by=spec.owned_by,
-            task=spec.task,
+            tasks=list(spec.tasks),
             dims=spec.dims,
             max_length=spec.max_length,
             aliases=list(spec.aliases),

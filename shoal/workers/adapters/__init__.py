@@ -14,6 +14,10 @@ def make_adapter(spec: ModelSpec, device: str = "auto") -> EncoderAdapter:
         from .dummy import DummyAdapter
 
         return DummyAdapter(spec)
+    if spec.runtime == "transformers":
+        from .transformers_heads import TransformersHeadAdapter
+
+        return TransformersHeadAdapter(spec, device=device)
     from .sentence_transformers import SentenceTransformerAdapter
 
     return SentenceTransformerAdapter(spec, device=device)

@@ -1,8 +1,10 @@
-"""The encoder adapter interface: what the pull loop needs from a model family.
+"""The encoder adapter interface: what the worker loop needs from a model family.
 
-An adapter tokenizes (any thread), embeds a batch of token-id rows (the one forward
-thread), and says how long each input was so the loop can cost and truncate it. Each
-family lives in its own module; `DummyAdapter` serves tests without torch.
+An adapter turns a job into rows (`units`, on the tokenizer thread), runs a batch of rows
+through the model for one op (`forward`, on the single forward thread) and returns one
+output array per row. What the rows' outputs mean for a reply is the op's business
+(shoal/workers/results.py). Each family lives in its own module; `DummyAdapter` serves
+tests without torch.
 """
 
 from __future__ import annotations
@@ -13,18 +15,38 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...model_registry import ModelSpec
+from ...queue.messages import Job
 
-__all__ = ["EncoderAdapter", "Tokenized"]
+__all__ = ["EncoderAdapter", "Tokenized", "pad_batch"]
 
 
 class Tokenized:
-    """One input as token ids, with its length before truncation."""
+    """One model row: token ids, and what post-processing needs to know about them."""
 
-    __slots__ = ("full_length", "ids")
+    __slots__ = ("full_length", "ids", "offsets", "source", "special", "type_ids")
 
-    def __init__(self, ids: np.ndarray, full_length: int) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        full_length: int,
+        *,
+        type_ids: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
+        special: np.ndarray | None = None,
+        source: int = -1,
+    ) -> None:
         self.ids = ids
         self.full_length = full_length
+        """Tokens the input had before truncation (special tokens included)."""
+        self.type_ids = type_ids
+        """Segment ids, for sentence pairs."""
+        self.offsets = offsets
+        """`(tokens, 2)` character offsets into the input text."""
+        self.special = special
+        """Boolean mask of special tokens."""
+        self.source = source
+        """Which input of the job the row belongs to, when one input has several rows
+        (a long NER text in windows); -1 means the row's own position."""
 
     @property
     def truncated(self) -> bool:
@@ -32,6 +54,8 @@ class Tokenized:
 
 
 class EncoderAdapter(ABC):
+    ops: frozenset[str] = frozenset()
+
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
 
@@ -47,25 +71,41 @@ class EncoderAdapter(ABC):
     def load(self) -> None:
         """Load weights; called once, off the event loop."""
 
+    @abstractmethod
     def warmup(self) -> None:
-        """Run one small batch so the first request does not pay for lazy initialisation."""
-        self.embed(self.tokenize(["warm up"]))
+        """Run one small batch per op so the first request pays no lazy initialisation."""
 
     @abstractmethod
-    def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
-        """Token ids per text, special tokens included, cut to `max_length`."""
-
-    @abstractmethod
-    def prepare_ids(self, token_ids: Sequence[Sequence[int]]) -> list[Tokenized]:
-        """Caller-tokenized inputs with special tokens added, cut to `max_length`.
+    def units(self, job: Job) -> list[Tokenized]:
+        """The rows `job` needs run, in order.
 
         Raises:
-            ValueError: an id outside the vocabulary.
+            ValueError: inputs the model cannot take (token ids outside the vocabulary).
         """
 
     @abstractmethod
-    def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
-        """float32 `(len(batch), dims)`, as the model's own pipeline would give."""
+    def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
+        """One float32 output per row: a vector (embed, classify, rerank) or a
+        `(tokens, k)` matrix (multivector, ner)."""
 
     def unload(self) -> None:  # noqa: B027 - optional hook
         """Free what `load` took."""
+
+
+def pad_batch(
+    batch: Sequence[Tokenized], pad_id: int, left: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(ids, attention_mask, type_ids)`, each `(rows, longest row)` int64."""
+    rows = len(batch)
+    width = max(len(t.ids) for t in batch)
+    ids = np.full((rows, width), pad_id, dtype=np.int64)
+    mask = np.zeros((rows, width), dtype=np.int64)
+    types = np.zeros((rows, width), dtype=np.int64)
+    for i, tok in enumerate(batch):
+        n = len(tok.ids)
+        span = slice(width - n, width) if left else slice(0, n)
+        ids[i, span] = tok.ids
+        mask[i, span] = 1
+        if tok.type_ids is not None:
+            types[i, span] = tok.type_ids
+    return ids, mask, types

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...model_registry import ModelSpec
+from ...queue.messages import EmbedJob, Job
 from .base import EncoderAdapter, Tokenized
 
 __all__ = ["DummyAdapter"]
@@ -22,6 +23,8 @@ _CLS, _SEP = 1, 2
 
 
 class DummyAdapter(EncoderAdapter):
+    ops = frozenset({"embed"})
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
         self._table = np.random.default_rng(0).standard_normal((_VOCAB, spec.dims)).astype("f4")
@@ -30,6 +33,17 @@ class DummyAdapter(EncoderAdapter):
 
     def load(self) -> None:
         pass
+
+    def warmup(self) -> None:
+        self.embed(self.tokenize(["warm up"]))
+
+    def units(self, job: Job) -> list[Tokenized]:
+        if not isinstance(job, EmbedJob):
+            raise ValueError("the dummy model only embeds")
+        return self.prepare_ids(job.token_ids) if job.token_ids else self.tokenize(job.texts)
+
+    def forward(self, op: str, batch: Sequence[Tokenized]) -> np.ndarray:
+        return self.embed(batch)
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
         return self.prepare_ids(

@@ -1,8 +1,8 @@
 import msgspec
 import pytest
 
-from shoal.compat._jobs import RESULT_BYTES_PER_ITEM, split_points
 from shoal.compat.errors import InvalidRequestError
+from shoal.compat.jobs import RESULT_BYTES_PER_ITEM, split_points
 from shoal.compat.openai import EmbeddingRequest
 
 decode = msgspec.json.Decoder(EmbeddingRequest).decode

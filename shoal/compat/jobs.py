@@ -1,0 +1,78 @@
+"""Cutting one request's inputs into work items, shared by the JSON and native routes.
+
+A request becomes several items so several workers can share it; items stay well under
+NATS's message limit both ways (texts in, vectors out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ..config import GatewaySettings
+from .errors import InvalidRequestError, PayloadTooLargeError
+
+__all__ = ["RESULT_BYTES_PER_ITEM", "Envelope", "check_count", "split_points", "text_parts"]
+
+RESULT_BYTES_PER_ITEM = 768 * 1024
+"""Most vector bytes one item's reply may carry (NATS's default max payload is 1 MiB)."""
+
+
+def split_points(
+    sizes: Sequence[int], max_items: int, max_bytes: int, row_bytes: int
+) -> list[tuple[int, int]]:
+    """`(start, stop)` ranges over the inputs: each range has at most `max_items` inputs,
+    at most `max_bytes` of input (one oversized input travels alone), and a reply of at
+    most `RESULT_BYTES_PER_ITEM` at `row_bytes` per vector."""
+    max_items = max(1, min(max_items, RESULT_BYTES_PER_ITEM // max(row_bytes, 1)))
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    used = 0
+    for i, size in enumerate(sizes):
+        if i > start and (i - start >= max_items or used + size > max_bytes):
+            ranges.append((start, i))
+            start, used = i, 0
+        used += size
+    if sizes:
+        ranges.append((start, len(sizes)))
+    return ranges
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """What every job of one request shares: who asked, where to answer, until when."""
+
+    request_id: str
+    model: str
+    reply_to: str
+    deadline: float
+
+    def job_fields(self, part: int, first_index: int) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "part": part,
+            "model": self.model,
+            "reply_to": self.reply_to,
+            "deadline": self.deadline,
+            "first_index": first_index,
+        }
+
+
+def check_count(count: int, limits: GatewaySettings, param: str = "input") -> None:
+    """Raises: InvalidRequestError (none), PayloadTooLargeError (over `max_inputs`)."""
+    if count == 0:
+        raise InvalidRequestError(f"'{param}' must not be empty", param=param)
+    if count > limits.max_inputs:
+        raise PayloadTooLargeError(
+            f"{count} inputs in one request; the limit is {limits.max_inputs}", param=param
+        )
+
+
+def text_parts(
+    texts: Sequence[str], limits: GatewaySettings, row_bytes: int = 0
+) -> list[tuple[int, int]]:
+    """`split_points` over texts with the gateway's item limits."""
+    return split_points(
+        [len(t) for t in texts], limits.item_max_inputs, limits.item_max_bytes, row_bytes
+    )

@@ -1,0 +1,123 @@
+"""Task heads with plain transformers: token classification (NER) and sequence
+classification (classify; rerank with a cross-encoder).
+
+The model loads with `AutoModelForTokenClassification` or
+`AutoModelForSequenceClassification` from any local path or hub id, its labels from the
+config's `id2label`. Outputs are raw logits per row; turning them into entities, labels or
+relevance scores happens in shoal/workers/results.py, in numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
+
+from ...model_registry import ModelSpec, resolve_source
+from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob
+from ..ner import LabelTable
+from ._tokenize import FastTokenizer
+from .base import EncoderAdapter, Tokenized, pad_batch
+from .sentence_transformers import pick_device
+
+__all__ = ["TransformersHeadAdapter"]
+
+
+class TransformersHeadAdapter(EncoderAdapter):
+    ops = frozenset({"ner", "classify", "rerank"})
+
+    def __init__(self, spec: ModelSpec, device: str = "auto") -> None:
+        super().__init__(spec)
+        self.device = pick_device(device)
+        self.model: torch.nn.Module | None = None
+        self.tokenizer: FastTokenizer | None = None
+        self.labels: list[str] = []
+        """Label names by class index, from the model config's `id2label`."""
+        self.problem_type: str | None = None
+        self.token_lengths: np.ndarray | None = None
+        """Per vocabulary id: the length of the token's string (NER word grouping)."""
+
+    def load(self) -> None:
+        path = resolve_source(self.spec)
+        hf_tokenizer = AutoTokenizer.from_pretrained(path)
+        token_level = "ner" in self.spec.tasks
+        auto = (
+            AutoModelForTokenClassification if token_level else AutoModelForSequenceClassification
+        )
+        model = auto.from_pretrained(path).to(self.device).eval()
+        limit = getattr(hf_tokenizer, "model_max_length", None) or self.spec.max_length
+        self._max_length = min(self.spec.max_length, limit)
+        self.tokenizer = FastTokenizer(
+            hf_tokenizer, self._max_length, stride=self.spec.stride if token_level else 0
+        )
+        self._token_types = "token_type_ids" in hf_tokenizer.model_input_names
+        config = model.config
+        self.labels = [config.id2label[i] for i in range(config.num_labels)]
+        self.label_table = LabelTable(self.labels)
+        self.problem_type = config.problem_type
+        if token_level:
+            self.token_lengths = np.array([len(t) for t in self.tokenizer.token_strings()])
+        self.model = model
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def warmup(self) -> None:
+        for op in sorted(self.ops & set(self.spec.tasks)):
+            common = {
+                "request_id": "warmup",
+                "part": 0,
+                "model": self.spec.id,
+                "reply_to": "",
+                "deadline": 0,
+            }
+            job: Job
+            if op == "rerank":
+                job = RerankJob(**common, query="warm", documents=["up"])
+            elif op == "ner":
+                job = NerJob(**common, texts=["warm up"])
+            else:
+                job = ClassifyJob(**common, texts=["warm up"])
+            self.forward(op, self.units(job))
+
+    def units(self, job: Job) -> list[Tokenized]:
+        assert self.tokenizer is not None
+        if isinstance(job, NerJob) and "ner" in self.spec.tasks:
+            return self.tokenizer.windows(job.texts)
+        if isinstance(job, ClassifyJob) and "classify" in self.spec.tasks:
+            return self.tokenizer.texts(job.texts)
+        if isinstance(job, RerankJob) and "rerank" in self.spec.tasks:
+            return self.tokenizer.pairs(job.query, job.documents)
+        raise ValueError(f"model {self.spec.id!r} does not serve {type(job).__name__}")
+
+    def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
+        assert self.model is not None and self.tokenizer is not None
+        ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
+        features = {
+            "input_ids": torch.from_numpy(ids).to(self.device),
+            "attention_mask": torch.from_numpy(mask).to(self.device),
+        }
+        if self._token_types:
+            features["token_type_ids"] = torch.from_numpy(types).to(self.device)
+        with torch.inference_mode():
+            logits = self.model(**features).logits.float().cpu().numpy()
+        if op != "ner":
+            return logits
+        width = ids.shape[1]
+        left = self.tokenizer.pad_left
+        return [
+            logits[i, width - len(t.ids) :] if left else logits[i, : len(t.ids)]
+            for i, t in enumerate(batch)
+        ]
+
+    def unload(self) -> None:
+        self.model = None
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
