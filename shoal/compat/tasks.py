@@ -34,7 +34,7 @@ from ..queue.messages import (
 )
 from ._constraints import ModelName
 from .errors import InvalidRequestError
-from .jobs import Envelope, check_count, text_parts
+from .jobs import RESULT_BYTES_PER_ITEM, Envelope, check_count, split_points, text_parts
 
 __all__ = [
     "ClassifyRequest",
@@ -179,8 +179,11 @@ class MultiVectorRequest(_MultiVectorOptions, kw_only=True):
     ) -> list[MultiVectorJob]:
         texts = self.texts()
         check_count(len(texts), limits)
-        # A reply holds one row per token: budget for a full window per text.
-        row_bytes = dims * 4 * max_length
+        # A reply holds one row per token. A token covers at least one UTF-8 byte, so a
+        # text has at most bytes + a few special tokens, and never more than max_length.
+        row_bytes = dims * (2 if dtype == "float16" else 4)
+        bounds = [row_bytes * min(max_length, len(t.encode()) + 4) for t in texts]
+        parts = split_points(bounds, limits.item_max_inputs, RESULT_BYTES_PER_ITEM, 0)
         return [
             MultiVectorJob(
                 **env.job_fields(part, start),
@@ -191,7 +194,7 @@ class MultiVectorRequest(_MultiVectorOptions, kw_only=True):
                 truncate=self.truncate,
                 dtype=dtype,
             )  # type: ignore[arg-type]
-            for part, (start, stop) in enumerate(text_parts(texts, limits, row_bytes))
+            for part, (start, stop) in enumerate(parts)
         ]
 
 
