@@ -22,6 +22,7 @@ import msgspec
 __all__ = [
     "GatewaySettings",
     "NatsSettings",
+    "S3Settings",
     "Settings",
     "WorkerSettings",
     "default_data_dir",
@@ -36,6 +37,8 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """NATS server(s); a comma-separated list for a cluster."""
     stream: str = "SHOAL_WORK"
     """The JetStream work stream (WorkQueue retention)."""
+    registry_bucket: str = "SHOAL_REGISTRY"
+    """The key-value bucket holding models and adapters registered at run time."""
     subject_prefix: str = "shoal"
     """First token of every Shoal subject, so several deployments can share a cluster."""
     storage: Literal["file", "memory"] = "file"
@@ -77,9 +80,29 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     uvicorn_workers: int = 1
 
 
+class S3Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where `s3://` model and adapter sources are read from. Empty fields leave boto3 its
+    usual configuration chain (AWS_* variables, ~/.aws, instance roles)."""
+
+    endpoint_url: str = ""
+    """An S3-compatible endpoint (SeaweedFS, MinIO, ...); empty: AWS."""
+    region: str = ""
+    access_key_id: str = ""
+    secret_access_key: str = ""
+
+
 class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    models: list[str] = msgspec.field(default_factory=lambda: ["all-MiniLM-L6-v2"])
-    """Model ids (from the model spec) this worker serves."""
+    models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    """Model ids this worker serves; `*` serves every model in the registry, including
+    those registered later through the admin API."""
+    pinned: list[str] = msgspec.field(default_factory=lambda: ["all-MiniLM-L6-v2"])
+    """Models loaded at start and never evicted (those this worker serves). Others load
+    on their first request and are evicted least recently used."""
+    memory_budget: int = 0
+    """Bytes of model weights this worker keeps resident; 0: 70% of the memory available
+    at start (GPU memory on a CUDA device)."""
+    max_adapters_per_model: int = 8
+    """LoRA adapters kept loaded per base model; more are evicted least recently used."""
     device: str = "auto"
     """`auto` (CUDA when present), `cpu`, `cuda`, `cuda:1`, ..."""
     threads: int = 0
@@ -96,6 +119,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A user model spec (TOML) merged over the built-in one."""
     log_level: str = "info"
     nats: NatsSettings = msgspec.field(default_factory=NatsSettings)
+    s3: S3Settings = msgspec.field(default_factory=S3Settings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
 

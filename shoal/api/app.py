@@ -12,6 +12,7 @@ from .. import __version__
 from ..config import Settings
 from .errors import exception_handlers
 from .routes import (
+    AdminController,
     ClassifyController,
     EmbeddingsController,
     HealthController,
@@ -41,6 +42,7 @@ def create_app(settings: Settings) -> Litestar:
             ClassifyController,
             NativeController,
             HealthController,
+            AdminController,
         ],
         dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
         lifespan=[runtime_lifespan(settings)],

@@ -12,8 +12,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated
 
+import msgspec
 from litestar import Litestar
 from litestar.params import Dependency
 
@@ -23,13 +25,22 @@ from ..compat.errors import (
     InternalError,
     InvalidRequestError,
     ModelNotFoundError,
+    NotFoundError,
     OverloadedError,
     ShoalError,
     UnavailableError,
 )
+from ..compat.extensions import ShoalOptions
 from ..compat.jobs import Envelope
 from ..config import Settings
-from ..model_registry import ModelRegistry, ModelSpec, UnknownModelError
+from ..model_registry import (
+    LiveRegistry,
+    ModelRegistry,
+    ModelSpec,
+    SourceResolver,
+    UnknownAdapterError,
+    UnknownModelError,
+)
 from ..queue import (
     Bus,
     DeadlineExceededError,
@@ -44,24 +55,38 @@ from ..queue import (
 )
 from ..queue.messages import Result
 
-__all__ = ["Runtime", "RuntimeDep", "runtime_lifespan"]
+__all__ = ["Runtime", "RuntimeDep", "Target", "runtime_lifespan"]
 
 log = logging.getLogger(__name__)
 
 
+class Target(msgspec.Struct, frozen=True):
+    """What a request runs on: a model and, optionally, one of its LoRA adapters."""
+
+    spec: ModelSpec
+    adapter: str = ""
+
+    @property
+    def name(self) -> str:
+        """The model's name in responses: `base` or `base:adapter`."""
+        return f"{self.spec.id}:{self.adapter}" if self.adapter else self.spec.id
+
+
 class Runtime:
-    def __init__(self, settings: Settings, registry: ModelRegistry, bus: Bus) -> None:
+    def __init__(self, settings: Settings, registry: LiveRegistry, bus: Bus) -> None:
         self.settings = settings
         self.registry = registry
         self.bus = bus
         subjects = Subjects(settings.nats.subject_prefix)
         self.dispatcher = Dispatcher(bus, subjects, settings.gateway, settings.nats)
+        self.sources = SourceResolver(Path(settings.data_dir) / "cache", settings.s3)
         self.started_at = int(time.time())
 
     @classmethod
     async def open(cls, settings: Settings, connect_for: float = 30.0) -> Runtime:
-        """Connect to NATS (retrying for `connect_for` seconds) and provision the stream."""
-        registry = ModelRegistry.from_files(settings.models_file)
+        """Connect to NATS (retrying for `connect_for` seconds), provision the stream and
+        load the registry (spec files, then run-time registrations)."""
+        static = ModelRegistry.from_files(settings.models_file)
         deadline = time.monotonic() + connect_for
         while True:
             try:
@@ -71,6 +96,8 @@ class Runtime:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
+        registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
+        await registry.start()
         runtime = cls(settings, registry, bus)
         await runtime.dispatcher.start()
         return runtime
@@ -78,58 +105,76 @@ class Runtime:
     async def close(self) -> None:
         await self.bus.close()
 
-    def resolve(self, name: str, op: str = "embed") -> ModelSpec:
-        """The spec of model `name`, which must serve `op`.
+    def resolve(
+        self, name: str, op: str | None = "embed", shoal: ShoalOptions | None = None
+    ) -> Target:
+        """What `name` (`model` or `model:adapter`, or an adapter in the `shoal` extension)
+        runs on; the model must serve `op` (None: any).
 
         Raises:
             ModelNotFoundError: no such model.
-            InvalidRequestError: the model does not serve `op` (the message names what
-                it does serve).
+            NotFoundError: no such adapter of that model.
+            InvalidRequestError: the model does not serve `op` (the message names what it
+                serves), or two different adapters were named.
         """
+        base, _, adapter = name.partition(":")
         try:
-            spec = self.registry.resolve(name)
+            spec = self.registry.resolve(base)
         except UnknownModelError:
             raise ModelNotFoundError(name) from None
-        if op not in spec.tasks:
+        if shoal is not None and shoal.adapter:
+            if adapter and adapter != shoal.adapter:
+                raise InvalidRequestError(
+                    f"the model string names adapter '{adapter}' and 'shoal.adapter' names "
+                    f"'{shoal.adapter}'",
+                    param="shoal.adapter",
+                )
+            adapter = shoal.adapter
+        if op is not None and op not in spec.tasks:
             raise InvalidRequestError(
                 f"model '{spec.id}' does not serve {op}; it serves {', '.join(spec.tasks)}",
                 param="model",
                 code="unsupported_task",
             )
-        return spec
+        if adapter:
+            try:
+                self.registry.resolve_adapter(spec.id, adapter)
+            except UnknownAdapterError:
+                raise NotFoundError(
+                    f"model '{spec.id}' has no adapter '{adapter}'",
+                    param="model",
+                    code="adapter_not_found",
+                ) from None
+        return Target(spec, adapter)
 
-    async def run(self, spec: ModelSpec, build: Callable[[Envelope], list[Job]]) -> list[Result]:
+    async def run(self, target: Target, build: Callable[[Envelope], list[Job]]) -> list[Result]:
         """Build a request's jobs and run them through the queue; queue and worker
         failures become ShoalErrors."""
         dispatcher = self.dispatcher
         request_id = dispatcher.new_request_id()
         deadline = time.time() + self.settings.gateway.request_timeout
-        jobs = build(Envelope(request_id, spec.id, dispatcher.reply_subject, deadline))
+        env = Envelope(
+            request_id, target.spec.id, dispatcher.reply_subject, deadline, target.adapter
+        )
+        jobs = build(env)
         try:
             return await dispatcher.submit(request_id, jobs, "interactive", deadline)
         except Exception as exc:
-            raise _as_shoal_error(exc, spec.id) from exc
+            raise _as_shoal_error(exc, target.name) from exc
 
     async def embed(
         self,
-        spec: ModelSpec,
+        target: Target,
         options: EmbedOptions,
         texts: Sequence[str] = (),
         token_ids: Sequence[list[int]] = (),
     ) -> Vectors:
         """Embed inputs through the queue."""
+        limits = self.settings.gateway
+        spec = target.spec
         results = await self.run(
-            spec,
-            lambda env: build_embed_jobs(
-                request_id=env.request_id,
-                spec=spec,
-                texts=texts,
-                token_ids=token_ids,
-                options=options,
-                reply_to=env.reply_to,
-                deadline=env.deadline,
-                limits=self.settings.gateway,
-            ),
+            target,
+            lambda env: build_embed_jobs(env, spec, options, limits, texts, token_ids),
         )
         return join_vectors(results)  # type: ignore[arg-type]
 
@@ -141,6 +186,7 @@ RuntimeDep = Annotated[Runtime, Dependency(skip_validation=True)]
 _KIND_ERRORS: dict[ErrorKind, type[ShoalError]] = {
     ErrorKind.INVALID_INPUT: InvalidRequestError,
     ErrorKind.DEADLINE_EXCEEDED: GatewayTimeoutError,
+    ErrorKind.NOT_FOUND: NotFoundError,
     ErrorKind.UNAVAILABLE: UnavailableError,
     ErrorKind.INTERNAL: InternalError,
 }

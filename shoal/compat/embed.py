@@ -10,8 +10,8 @@ import msgspec
 from ..config import GatewaySettings
 from ..model_registry import ModelSpec
 from ..queue.messages import EmbedJob, EmbedResult
-from .errors import InvalidRequestError, PayloadTooLargeError
-from .jobs import split_points
+from .errors import InvalidRequestError
+from .jobs import Envelope, check_count, split_points
 
 __all__ = ["EmbedOptions", "Vectors", "build_embed_jobs", "join_vectors"]
 
@@ -35,15 +35,12 @@ class Vectors(msgspec.Struct, frozen=True):
 
 
 def build_embed_jobs(
-    *,
-    request_id: str,
+    env: Envelope,
     spec: ModelSpec,
+    options: EmbedOptions,
+    limits: GatewaySettings,
     texts: Sequence[str] = (),
     token_ids: Sequence[list[int]] = (),
-    options: EmbedOptions,
-    reply_to: str,
-    deadline: float,
-    limits: GatewaySettings,
 ) -> list[EmbedJob]:
     """Validate what only the model's spec can tell, then cut the inputs into items.
 
@@ -51,13 +48,7 @@ def build_embed_jobs(
         InvalidRequestError: no inputs, or `dimensions` out of the model's range.
         PayloadTooLargeError: more inputs than the gateway accepts in one request.
     """
-    count = len(texts) or len(token_ids)
-    if count == 0:
-        raise InvalidRequestError("'input' must not be empty", param="input")
-    if count > limits.max_inputs:
-        raise PayloadTooLargeError(
-            f"{count} inputs in one request; the limit is {limits.max_inputs}", param="input"
-        )
+    check_count(len(texts) or len(token_ids), limits)
     dims = options.dimensions
     if dims is not None and not 1 <= dims <= spec.dims:
         raise InvalidRequestError(
@@ -67,26 +58,18 @@ def build_embed_jobs(
     out_dims = dims or spec.dims
     row_bytes = out_dims * (2 if options.dtype == "float16" else 4)
     sizes = [len(t) for t in texts] if texts else [4 * len(ids) for ids in token_ids]
-    jobs = []
-    for part, (start, stop) in enumerate(
-        split_points(sizes, limits.item_max_inputs, limits.item_max_bytes, row_bytes)
-    ):
-        jobs.append(
-            EmbedJob(
-                request_id=request_id,
-                part=part,
-                model=spec.id,
-                reply_to=reply_to,
-                deadline=deadline,
-                texts=list(texts[start:stop]),
-                token_ids=list(token_ids[start:stop]),
-                dimensions=0 if dims is None or dims == spec.dims else dims,
-                truncate=options.truncate,
-                dtype=options.dtype,
-                first_index=start,
-            )
+    parts = split_points(sizes, limits.item_max_inputs, limits.item_max_bytes, row_bytes)
+    return [
+        EmbedJob(
+            **env.job_fields(part, start),
+            texts=list(texts[start:stop]),
+            token_ids=list(token_ids[start:stop]),
+            dimensions=0 if dims is None or dims == spec.dims else dims,
+            truncate=options.truncate,
+            dtype=options.dtype,
         )
-    return jobs
+        for part, (start, stop) in enumerate(parts)
+    ]
 
 
 def join_vectors(results: Sequence[EmbedResult]) -> Vectors:

@@ -11,6 +11,7 @@ import msgspec
 
 __all__ = [
     "BadGatewayError",
+    "ConflictError",
     "ErrorBody",
     "ErrorResponse",
     "GatewayTimeoutError",
@@ -80,6 +81,12 @@ class ModelNotFoundError(NotFoundError):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model '{model}' does not exist", param="model")
+
+
+class ConflictError(ShoalError):
+    status_code = 409
+    openai_type = "invalid_request_error"
+    code = "conflict"
 
 
 class PayloadTooLargeError(ShoalError):

@@ -47,6 +47,7 @@ class Envelope(msgspec.Struct, frozen=True):
     model: str
     reply_to: str
     deadline: float
+    adapter: str = ""
 
     def job_fields(self, part: int, first_index: int) -> dict[str, Any]:
         return {
@@ -56,6 +57,7 @@ class Envelope(msgspec.Struct, frozen=True):
             "reply_to": self.reply_to,
             "deadline": self.deadline,
             "first_index": first_index,
+            "adapter": self.adapter,
         }
 
 

@@ -14,6 +14,7 @@ import msgspec
 
 from ._constraints import ModelName
 from .embed import EmbedOptions, Vectors
+from .extensions import ShoalOptions
 
 __all__ = ["NativeEmbedRequest", "NativeEmbedResponse", "NativeUsage"]
 
@@ -24,6 +25,8 @@ class NativeEmbedRequest(msgspec.Struct, kw_only=True):
     dtype: Literal["float32", "float16"] = "float32"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     truncate: bool = True
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def options(self) -> EmbedOptions:
         return EmbedOptions(dimensions=self.dimensions, truncate=self.truncate, dtype=self.dtype)

@@ -34,6 +34,7 @@ from ..queue.messages import (
 )
 from ._constraints import ModelName
 from .errors import InvalidRequestError
+from .extensions import ShoalOptions
 from .jobs import RESULT_BYTES_PER_ITEM, Envelope, check_count, split_points, text_parts
 
 __all__ = [
@@ -84,6 +85,8 @@ class NerRequest(msgspec.Struct, kw_only=True):
     """Keep only entities with these labels."""
     threshold: Score = 0.0
     """Drop entities scoring below this."""
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def texts(self) -> list[str]:
         return _texts(self.input)
@@ -165,6 +168,8 @@ class MultiVectorRequest(_MultiVectorOptions, kw_only=True):
     model: ModelName
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def texts(self) -> list[str]:
         return _texts(self.input)
@@ -287,6 +292,8 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     top_n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     return_documents: bool = False
     truncate: bool = True
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def document_texts(self) -> list[str]:
         if self.documents is not None and self.texts is not None:
@@ -350,6 +357,8 @@ class ClassifyRequest(msgspec.Struct, kw_only=True):
     top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
     """Labels per text, best first; all of them when absent."""
     truncate: bool = True
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def to_jobs(self, env: Envelope, limits: GatewaySettings) -> list[ClassifyJob]:
         texts = _texts(self.input)

@@ -1,34 +1,130 @@
-"""Where a model's weights come from: a packaged model, a local path or a hub id."""
+"""Where weights come from: a packaged model, a local path, S3, or a hub id.
+
+`s3://bucket/prefix` sources are downloaded once with boto3 into a local cache (keyed by
+the URI) and served from there; registration checks them first, so a missing or
+unreachable prefix is refused before anything is registered.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import shutil
 from pathlib import Path
 
-from .spec import ModelSpec
+from ..config import S3Settings
 
-__all__ = ["resolve_source"]
+__all__ = ["SourceError", "SourceResolver", "resolve_source"]
 
 
-def resolve_source(spec: ModelSpec) -> str:
-    """A local directory or a hub id that the loading libraries accept for `spec`.
+class SourceError(ValueError):
+    """A source that does not exist, cannot be reached, or holds nothing."""
 
-    Raises:
-        ValueError: the source names a package that is not installed or has no weights.
-    """
-    source = spec.source
-    if source.startswith("package:"):
-        module_name = source.removeprefix("package:")
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    rest = uri.removeprefix("s3://")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise SourceError(f"{uri}: no bucket")
+    return bucket, prefix.strip("/")
+
+
+class SourceResolver:
+    """Turns a source string into something the loading libraries accept."""
+
+    def __init__(self, cache_dir: str | Path = "", s3: S3Settings | None = None) -> None:
+        self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "shoal"
+        self.s3 = s3 or S3Settings()
+
+    def _client(self):
+        import boto3
+        from botocore.config import Config
+
+        s3 = self.s3
+        return boto3.client(
+            "s3",
+            endpoint_url=s3.endpoint_url or None,
+            region_name=s3.region or None,
+            aws_access_key_id=s3.access_key_id or None,
+            aws_secret_access_key=s3.secret_access_key or None,
+            config=Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2}),
+        )
+
+    def check(self, source: str) -> None:
+        """Raises SourceError unless `source` can be fetched (hub ids are not checked)."""
+        if source.startswith("s3://"):
+            self._s3_keys(source)
+        elif source.startswith("package:"):
+            self._package_path(source)
+        elif not source.startswith("hf:") and not Path(source).expanduser().exists():
+            raise SourceError(f"path {source} does not exist")
+
+    def local(self, source: str) -> str:
+        """A local directory (or a hub id) for `source`, fetching S3 sources first.
+
+        Raises:
+            SourceError: the source cannot be fetched.
+        """
+        if source.startswith("package:"):
+            return self._package_path(source)
+        if source.startswith("hf:"):
+            return source.removeprefix("hf:")
+        if source.startswith("s3://"):
+            return self._fetch_s3(source)
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise SourceError(f"path {path} does not exist")
+        return str(path)
+
+    @staticmethod
+    def _package_path(source: str) -> str:
+        name = source.removeprefix("package:")
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(name)
         except ImportError as exc:
-            raise ValueError(
-                f"model {spec.id!r}: package {module_name!r} is not installed"
-            ) from exc
+            raise SourceError(f"package {name!r} is not installed") from exc
         return str(module.get_model_path())
-    if source.startswith("hf:"):
-        return source.removeprefix("hf:")
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise ValueError(f"model {spec.id!r}: path {path} does not exist")
-    return str(path)
+
+    def _s3_keys(self, uri: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, prefix = _split_s3(uri)
+        keys: list[str] = []
+        try:
+            pages = (
+                self._client()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+            )
+            for page in pages:
+                keys.extend(obj["Key"] for obj in page.get("Contents", []))
+        except (BotoCoreError, ClientError) as exc:
+            raise SourceError(f"{uri} cannot be read: {exc}") from exc
+        if not keys:
+            raise SourceError(f"{uri} holds no objects")
+        return keys
+
+    def _fetch_s3(self, uri: str) -> str:
+        target = self.cache_dir / "s3" / hashlib.sha256(uri.encode()).hexdigest()[:24]
+        if (target / ".complete").exists():
+            return str(target)
+        bucket, prefix = _split_s3(uri)
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        client = self._client()
+        for key in self._s3_keys(uri):
+            relative = key[len(prefix) :].lstrip("/") if prefix else key
+            if not relative or relative.endswith("/"):
+                continue
+            destination = partial / relative
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, key, str(destination))
+        (partial / ".complete").touch()
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
+        return str(target)
+
+
+def resolve_source(spec, resolver: SourceResolver | None = None) -> str:
+    """A local directory or hub id for a model or adapter spec's `source`."""
+    return (resolver or SourceResolver()).local(spec.source)

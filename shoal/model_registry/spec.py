@@ -26,6 +26,7 @@ import msgspec
 
 __all__ = [
     "RUNTIME_TASKS",
+    "AdapterSpec",
     "BatchProfile",
     "ModelCatalog",
     "ModelSpec",
@@ -58,6 +59,8 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Rows in one forward pass."""
     max_wait_ms: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     """Longest an idle worker waits for more work to join a batch that is not full."""
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    """Weights' dtype once loaded; half precision pays off on GPUs."""
 
 
 class MultiVectorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -103,6 +106,21 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"model {self.id!r}: 'dims' is required for embed")
         if "ner" in self.tasks and self.stride >= self.max_length // 2:
             raise ValueError(f"model {self.id!r}: 'stride' must be under half of max_length")
+
+
+AdapterName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
+]
+
+
+class AdapterSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A LoRA adapter (peft format) for one base model; requests name it `base:name`."""
+
+    name: AdapterName
+    base: ModelId
+    source: str
+    """A local path, `s3://bucket/prefix` or `hf:ORG/NAME`, holding adapter_config.json
+    and the adapter weights."""
 
 
 class ModelCatalog(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

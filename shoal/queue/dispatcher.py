@@ -164,7 +164,8 @@ class Dispatcher:
         return [live.heartbeat for live in self._workers.values()]
 
     def has_worker_for(self, model: str) -> bool:
-        return any(model in beat.models for beat in self.live_workers())
+        return any(model in beat.models or "*" in beat.models for beat in self.live_workers())
 
     def ready_models(self) -> set[str]:
-        return {m for beat in self.live_workers() if beat.state == "ready" for m in beat.models}
+        """Models resident on some ready worker."""
+        return {m for beat in self.live_workers() if beat.state == "ready" for m in beat.resident}

@@ -53,6 +53,8 @@ class ErrorKind(enum.StrEnum):
     """The request can never succeed as sent (e.g. too long with truncation off)."""
     DEADLINE_EXCEEDED = "deadline_exceeded"
     """The job's deadline passed before it ran; it was dropped, not run."""
+    NOT_FOUND = "not_found"
+    """The job names something the worker's registry does not have (an adapter)."""
     UNAVAILABLE = "unavailable"
     """The worker cannot serve the model now (failed to load)."""
     INTERNAL = "internal"
@@ -81,6 +83,8 @@ class EmbedJob(_Wire, tag="embed"):
     dtype: Dtype = "float32"
     first_index: int = 0
     """Position of this item's first input in the request, for error messages."""
+    adapter: str = ""
+    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
 class MultiVectorJob(_Wire, tag="multivector"):
@@ -97,6 +101,8 @@ class MultiVectorJob(_Wire, tag="multivector"):
     skip_punctuation: bool = False
     dtype: Dtype = "float32"
     first_index: int = 0
+    adapter: str = ""
+    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
 class NerJob(_Wire, tag="ner"):
@@ -111,6 +117,8 @@ class NerJob(_Wire, tag="ner"):
     """Keep only entities with these labels; empty keeps all but `O`."""
     threshold: float = 0.0
     first_index: int = 0
+    adapter: str = ""
+    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
 class ClassifyJob(_Wire, tag="classify"):
@@ -124,6 +132,8 @@ class ClassifyJob(_Wire, tag="classify"):
     """Labels per text, best first; 0 keeps all."""
     truncate: bool = True
     first_index: int = 0
+    adapter: str = ""
+    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
 class RerankJob(_Wire, tag="rerank"):
@@ -136,6 +146,8 @@ class RerankJob(_Wire, tag="rerank"):
     documents: list[str]
     truncate: bool = True
     first_index: int = 0
+    adapter: str = ""
+    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
 Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob
@@ -235,8 +247,15 @@ Reply = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresRes
 class WorkerHeartbeat(_Wire, tag="heartbeat"):
     worker_id: str
     models: list[str]
+    """What the worker serves: model ids, or `*` for every registered model."""
     state: Literal["loading", "ready", "stopping"]
     sent_at: float
+    resident: list[str] = []
+    """Models loaded in memory now."""
+    resident_bytes: int = 0
+    memory_budget: int = 0
+    loads: int = 0
+    evictions: int = 0
 
 
 class JobHeader(msgspec.Struct):

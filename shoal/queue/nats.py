@@ -32,6 +32,7 @@ __all__ = [
     "Bus",
     "JetStreamPuller",
     "NatsDelivery",
+    "NatsKeyValue",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,49 @@ class JetStreamPuller:
             msg = self._arrived.get_nowait()
             if not (msg.headers and _STATUS in msg.headers):
                 await msg.nak()
+
+
+class NatsKeyValue:
+    """A JetStream key-value bucket as the registry's `KeyValueStore`."""
+
+    def __init__(self, kv: Any) -> None:
+        self._kv = kv
+        self._watch_task: asyncio.Task | None = None
+
+    async def put(self, key: str, value: bytes) -> None:
+        await self._kv.put(key, value)
+
+    async def delete(self, key: str) -> None:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self._kv.delete(key)
+
+    async def watch(self, on_change: Callable[[str, bytes | None], None]) -> None:
+        """Call `on_change(key, value)` for every current entry, return, then keep calling
+        it for every change (`None` for a deletion) until `close()`."""
+        watcher = await self._kv.watchall()
+        first = await watcher.updates(timeout=30.0)
+        while first is not None:
+            _deliver(first, on_change)
+            first = await watcher.updates(timeout=30.0)
+
+        async def follow() -> None:
+            async for entry in watcher:
+                if entry is not None:
+                    _deliver(entry, on_change)
+
+        self._watch_task = asyncio.create_task(follow())
+
+    async def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+
+
+def _deliver(entry: Any, on_change: Callable[[str, bytes | None], None]) -> None:
+    deleted = entry.operation in ("DEL", "PURGE")
+    try:
+        on_change(entry.key, None if deleted else entry.value)
+    except Exception:
+        log.exception("registry update for %s failed", entry.key)
 
 
 class Bus:
@@ -273,6 +317,22 @@ class Bus:
     async def stream_state(self, stream: str) -> dict[str, int]:
         info = await self.jsm.stream_info(stream)
         return {"messages": info.state.messages, "bytes": info.state.bytes}
+
+    async def key_value(self, bucket: str) -> NatsKeyValue:
+        """The bucket, created (file storage, replicas as the work stream) if missing."""
+        try:
+            kv = await self.js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            try:
+                kv = await self.js.create_key_value(
+                    bucket=bucket,
+                    history=1,
+                    storage="file",
+                    replicas=self._settings.replicas,
+                )
+            except nats.js.errors.BadRequestError:
+                kv = await self.js.key_value(bucket)  # created meanwhile elsewhere
+        return NatsKeyValue(kv)
 
     async def puller(self, stream: str, consumer: str) -> JetStreamPuller:
         puller = JetStreamPuller(self, stream, consumer)

@@ -1,30 +1,35 @@
-"""The encoder worker: pull work, batch it by token cost, embed, reply, ack.
+"""The encoder worker: pull work, batch it by token cost, run it, reply, ack.
 
 Tasks, all on one event loop:
 
 - one pull task per served model fetches items from that model's durable consumer while
   the worker has room (`max_held_jobs` items held, about four batches of inputs queued),
-  decodes them, tokenizes them on the tokenizer thread and queues their inputs in the
-  model's batcher;
+  decodes them and tokenizes them on the tokenizer thread into the model's batchers, one
+  per (op, LoRA adapter); items for a model that is not resident wait while it loads;
 - one scheduler task owns the batchers: when one is ready it takes a batch, runs it on
-  the single forward thread, scatters the rows back to their jobs, and
-  replies and acks each job that is complete;
+  the single forward thread, scatters the rows back to their jobs, and replies and acks
+  each job that is complete;
+- models load on their first item (`Loader`, on a loader thread, so serving the resident
+  models goes on) and are evicted least recently used to stay within the memory budget;
+- a reconcile task follows the shared registry: models registered at run time are served
+  (when this worker serves `*`) and removed ones dropped, without a restart;
 - a keepalive task sends `in_progress` for items held a while, so a long queue inside the
   worker is not mistaken for a dead worker;
-- a heartbeat task tells gateways which models this worker serves and whether it is ready.
+- a heartbeat task tells gateways what this worker serves and holds.
 
 How each outcome settles its item:
 
-| outcome                                  | reply           | settle           |
-|------------------------------------------|-----------------|------------------|
-| answered                                 | result          | ack              |
-| undecodable item                         | failure, if its header reads | term |
-| deadline passed before it ran            | failure         | ack              |
-| invalid input (too long, bad token ids)  | failure         | term             |
-| forward pass failed, deliveries left     | none            | nak(1 s)         |
-| forward pass failed, last delivery       | failure         | term             |
-| worker stopping with the item not run    | none            | nak (at once)    |
-| worker killed                            | none            | none: redelivered after `ack_wait` |
+| outcome                                   | reply                        | settle           |
+|-------------------------------------------|------------------------------|------------------|
+| answered                                  | result                       | ack           |
+| undecodable item                          | failure, if its header reads | term          |
+| deadline passed before it ran             | failure                      | ack           |
+| invalid input (too long, bad token ids)   | failure                      | term          |
+| unknown adapter; model cannot load or fit | failure                      | term          |
+| forward pass failed, deliveries left      | none                         | nak(1 s)      |
+| forward pass failed, last delivery        | failure                      | term          |
+| worker stopping with the item not run     | none                         | nak (at once) |
+| worker killed                             | none                         | (after ack_wait) |
 """
 
 from __future__ import annotations
@@ -34,19 +39,23 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
 from ..config import Settings
+from ..model_registry import LiveRegistry, ModelSpec, SourceResolver
 from ..queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
 from ..queue.messages import decode_job, decode_job_header, encode
 from ..queue.provision import ensure_consumer, ensure_work_stream
-from ..queue.source import WorkSource
-from .adapters.base import EncoderAdapter, Tokenized
+from .adapters import EncoderAdapter, make_adapter
+from .adapters.base import Tokenized
 from .batcher import Batcher
 from .held import HeldJob, Unit
+from .lane import Lane
+from .loader import Loader, LoadError
+from .residency import Residency, available_memory
 from .results import build_result
 
 __all__ = ["EncoderWorker"]
@@ -56,119 +65,165 @@ log = logging.getLogger(__name__)
 _POOL_BATCHES = 4
 
 
-class _Lane:
-    """One served model: its adapter, a batcher per op (batches never mix ops) and the
-    consumer it pulls from."""
-
-    def __init__(self, adapter: EncoderAdapter, clock: Callable[[], float]) -> None:
-        self.adapter = adapter
-        self.batchers: dict[str, Batcher[Unit]] = {
-            op: Batcher(adapter.spec.profile, clock) for op in adapter.spec.tasks
-        }
-        self.source: WorkSource | None = None
-
-    @property
-    def model(self) -> str:
-        return self.adapter.spec.id
-
-    @property
-    def queued(self) -> int:
-        return sum(len(b) for b in self.batchers.values())
-
-
 class EncoderWorker:
     def __init__(
         self,
         settings: Settings,
         bus: Bus,
-        adapters: Sequence[EncoderAdapter],
+        registry: LiveRegistry,
+        adapters: Sequence[EncoderAdapter] = (),
         worker_id: str | None = None,
     ) -> None:
+        """`adapters` preset the adapter of some models (tests use the dummy one);
+        the others are made from their spec's runtime."""
         self.settings = settings
         self.bus = bus
+        self.registry = registry
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.worker_id = worker_id or f"enc-{secrets.token_hex(4)}"
         self._clock = time.monotonic
-        self._lanes = {a.spec.id: _Lane(a, self._clock) for a in adapters}
+        self._preset = {a.spec.id: a for a in adapters}
+        self._served = set(settings.worker.models)
+        self._lanes: dict[str, Lane] = {}
         self._held: dict[int, HeldJob] = {}
         self._state: str = "loading"
         self._stopping = False
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._loading: set[asyncio.Task] = set()
         self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
+        device = settings.worker.device
+        budget = settings.worker.memory_budget or int(0.7 * available_memory(_device(device)))
+        self.residency = Residency(budget, settings.worker.pinned, self._clock)
+        self.loader = Loader(
+            self.residency,
+            SourceResolver(f"{settings.data_dir}/cache", settings.s3),
+            registry,
+            self._forward,
+            on_change=self._signal,
+        )
         self.batches_run = 0
+        self.batch_sizes: list[int] = []
 
     @property
     def state(self) -> str:
         """`loading`, `ready` or `stopping`, as its heartbeats say."""
         return self._state
 
+    def serves(self, spec: ModelSpec) -> bool:
+        return "*" in self._served or spec.id in self._served
+
     # Lifecycle -----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then finish what is held and leave cleanly."""
         heartbeat = asyncio.create_task(self._heartbeat())
+        tasks: list[asyncio.Task] = []
         try:
-            await self._load()
-            await self._subscribe()
+            await ensure_work_stream(self.bus, self.settings.nats, self.subjects)
+            await self._reconcile()
+            await self._load_pinned()
             self._state = "ready"
             await self._send_heartbeat()
             log.info("worker %s ready: %s", self.worker_id, ", ".join(self._lanes))
-            pullers = [asyncio.create_task(self._pull(lane)) for lane in self._lanes.values()]
-            scheduler = asyncio.create_task(self._schedule())
-            keepalive = asyncio.create_task(self._keepalive())
+            self.registry.add_listener(self._changed.set)
+            tasks = [
+                asyncio.create_task(self._schedule()),
+                asyncio.create_task(self._keepalive()),
+                asyncio.create_task(self._follow_registry()),
+            ]
             await stop.wait()
-            await self._shutdown(pullers, scheduler, keepalive)
+            await self._shutdown(tasks)
         finally:
             heartbeat.cancel()
             self._state = "stopping"
             await self._send_heartbeat()
             self._forward.shutdown(wait=False, cancel_futures=True)
             self._tokenize.shutdown(wait=False, cancel_futures=True)
+            self.loader.close()
 
-    async def _load(self) -> None:
-        loop = asyncio.get_running_loop()
-        for lane in self._lanes.values():
-            await loop.run_in_executor(self._forward, lane.adapter.load)
-            await loop.run_in_executor(self._forward, lane.adapter.warmup)
+    async def _load_pinned(self) -> None:
+        for lane in list(self._lanes.values()):
+            if lane.model in self.residency.pinned:
+                await self._make_resident(lane)
 
-    async def _subscribe(self) -> None:
-        nats = self.settings.nats
-        await ensure_work_stream(self.bus, nats, self.subjects)
-        for lane in self._lanes.values():
-            consumer = await ensure_consumer(
-                self.bus, nats, self.subjects, "interactive", lane.model
-            )
-            lane.source = await self.bus.puller(nats.stream, consumer)
-
-    async def _shutdown(
-        self, pullers: list[asyncio.Task], scheduler: asyncio.Task, keepalive: asyncio.Task
-    ) -> None:
+    async def _shutdown(self, tasks: list[asyncio.Task]) -> None:
         self._stopping = True
+        pullers = [lane.pull_task for lane in self._lanes.values() if lane.pull_task]
         for task in pullers:
             task.cancel()
         await asyncio.gather(*pullers, return_exceptions=True)
         deadline = self._clock() + self.settings.nats.ack_wait
-        while self._held and self._clock() < deadline:
+        while (
+            self._held
+            and self._clock() < deadline
+            and any(lane.state == "resident" for lane in self._lanes.values())
+        ):
             self._room.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), 0.5)
-        scheduler.cancel()
-        keepalive.cancel()
+        for task in tasks:
+            task.cancel()
         for held in list(self._held.values()):
             await self._settle(held, "nak")
         for lane in self._lanes.values():
             if lane.source is not None:
                 await lane.source.close()
 
+    # Following the registry ----------------------------------------------------------
+
+    async def _follow_registry(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            await self._reconcile()
+
+    async def _reconcile(self) -> None:
+        """Serve every registry model this worker should; drop removed or changed ones."""
+        wanted = {spec.id: spec for spec in self.registry if self.serves(spec)}
+        for model, lane in list(self._lanes.items()):
+            if wanted.get(model) != lane.spec:
+                await self._drop_lane(lane)
+        for model, spec in wanted.items():
+            if model not in self._lanes:
+                await self._add_lane(spec)
+        for lane in self._lanes.values():
+            if lane.state == "resident":
+                await self.loader.forget_removed_loras(lane)
+
+    async def _add_lane(self, spec: ModelSpec) -> None:
+        w = self.settings.worker
+        adapter = self._preset.get(spec.id) or make_adapter(
+            spec, w.device, w.max_adapters_per_model
+        )
+        lane = Lane(spec, adapter, self._clock)
+        nats = self.settings.nats
+        consumer = await ensure_consumer(self.bus, nats, self.subjects, "interactive", spec.id)
+        lane.source = await self.bus.puller(nats.stream, consumer)
+        self._lanes[spec.id] = lane
+        lane.pull_task = asyncio.create_task(self._pull(lane))
+
+    async def _drop_lane(self, lane: Lane) -> None:
+        del self._lanes[lane.model]
+        if lane.pull_task is not None:
+            lane.pull_task.cancel()
+            await asyncio.gather(lane.pull_task, return_exceptions=True)
+        for held in [h for h in self._held.values() if h.job.model == lane.model]:
+            await self._settle(held, "nak")
+        if lane.source is not None:
+            await lane.source.close()
+        await self.loader.evict(lane)
+        log.info("stopped serving %s", lane.model)
+
     # Pulling ---------------------------------------------------------------------------
 
-    async def _pull(self, lane: _Lane) -> None:
+    async def _pull(self, lane: Lane) -> None:
         assert lane.source is not None
         max_held = self.settings.worker.max_held_jobs
         # Enough pending inputs for the batcher to group by length (see batcher.py).
-        queued_limit = _POOL_BATCHES * lane.adapter.spec.profile.max_batch_items
+        queued_limit = _POOL_BATCHES * lane.spec.profile.max_batch_items
         while not self._stopping:
             free = max_held - len(self._held)
             if free <= 0 or lane.queued >= queued_limit:
@@ -186,7 +241,7 @@ class EncoderWorker:
             if deliveries:
                 await self._admit(lane, deliveries)
 
-    async def _admit(self, lane: _Lane, deliveries: list[Delivery]) -> None:
+    async def _admit(self, lane: Lane, deliveries: list[Delivery]) -> None:
         now = time.time()
         fresh: list[HeldJob] = []
         for delivery in deliveries:
@@ -208,9 +263,20 @@ class EncoderWorker:
             fresh.append(held)
         if not fresh:
             return
+        if lane.state != "resident":
+            lane.waiting.extend(fresh)
+            if lane.state in ("unloaded", "failed"):
+                self._loading.add(asyncio.create_task(self._make_resident(lane)))
+            return
+        await self._queue(lane, fresh)
+
+    async def _queue(self, lane: Lane, jobs: list[HeldJob]) -> None:
+        """Tokenize jobs for a resident model into its batchers."""
         loop = asyncio.get_running_loop()
-        prepared = await loop.run_in_executor(self._tokenize, _prepare, lane.adapter, fresh)
-        for held, tokens in zip(fresh, prepared, strict=True):
+        prepared = await loop.run_in_executor(self._tokenize, _prepare, lane.adapter, jobs)
+        for held, tokens in zip(jobs, prepared, strict=True):
+            if held.done:
+                continue
             if isinstance(tokens, str):
                 await self._fail(held, ErrorKind.INVALID_INPUT, tokens, settle="term")
                 continue
@@ -220,8 +286,7 @@ class EncoderWorker:
                     message = _too_long(held, too_long, tokens[too_long], lane.adapter.max_length)
                     await self._fail(held, ErrorKind.INVALID_INPUT, message, settle="term")
                     continue
-            batcher = lane.batchers.get(held.op)
-            if batcher is None:
+            if held.op not in lane.spec.tasks:
                 await self._fail(
                     held,
                     ErrorKind.INVALID_INPUT,
@@ -231,10 +296,25 @@ class EncoderWorker:
                 continue
             units = held.start(tokens)
             if units:
-                batcher.add(units)
+                lane.batcher(held.op, held.job.adapter).add(units)
             else:
                 await self._answer(held, lane)
         self._wake.set()
+
+    async def _make_resident(self, lane: Lane) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(self._loading.discard)
+        try:
+            await self.loader.ensure_resident(lane, self._lanes.values())
+        except LoadError as exc:
+            log.error("%s", exc)
+            waiting, lane.waiting = lane.waiting, []
+            for held in waiting:
+                await self._fail(held, ErrorKind.UNAVAILABLE, str(exc), settle="term")
+            return
+        waiting, lane.waiting = lane.waiting, []
+        await self._queue(lane, [h for h in waiting if not h.done])
 
     # Batching and running ----------------------------------------------------------------
 
@@ -247,49 +327,67 @@ class EncoderWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
-            lane, op = due
-            batcher = lane.batchers[op]
+            lane, (op, lora) = due
+            batcher = lane.batchers[(op, lora)]
             await self._drop_expired(batcher)
-            await self._run_batch(lane, op, batcher.take())
+            await self._run_batch(lane, op, lora, batcher.take())
 
-    def _next_due(self) -> tuple[tuple[_Lane, str] | None, float | None]:
-        """The (lane, op) whose batch is due soonest, if due now; else when one will be."""
-        best: tuple[float, _Lane, str] | None = None
+    def _next_due(self) -> tuple[tuple[Lane, tuple[str, str]] | None, float | None]:
+        """The batch due soonest on a resident model, if due now; else when one will be."""
+        best: tuple[float, Lane, tuple[str, str]] | None = None
         for lane in self._lanes.values():
-            for op, batcher in lane.batchers.items():
+            if lane.state != "resident":
+                continue
+            for key, batcher in lane.batchers.items():
                 at = batcher.ready_at()
                 if at is not None and (best is None or at < best[0]):
-                    best = (at, lane, op)
+                    best = (at, lane, key)
         if best is None:
             return None, None
         if best[0] <= self._clock():
             return (best[1], best[2]), None
         return None, best[0]
 
-    async def _run_batch(self, lane: _Lane, op: str, batch: list[Unit]) -> None:
+    async def _run_batch(self, lane: Lane, op: str, lora: str, batch: list[Unit]) -> None:
         batch = [u for u in batch if not u.held.done]
         if not batch:
             return
-        loop = asyncio.get_running_loop()
+        lane.running += 1
+        self.residency.touch(lane.model)
         try:
-            outputs = await loop.run_in_executor(
-                self._forward, lane.adapter.forward, op, [u.tok for u in batch]
-            )
-        except Exception:
-            log.exception("forward pass failed for %s (batch of %d)", lane.model, len(batch))
-            for held in {id(u.held): u.held for u in batch}.values():
-                await self._retry_or_fail(held)
-            return
-        self.batches_run += 1
-        for unit, output in zip(batch, outputs, strict=True):
-            held = unit.held
-            if not held.done and held.fill(unit.row, output):
-                await self._answer(held, lane)
+            if lora:
+                try:
+                    await self.loader.ensure_lora(lane, lora)
+                except LoadError as exc:
+                    for held in _jobs_of(batch):
+                        kind = ErrorKind.NOT_FOUND if exc.not_found else ErrorKind.UNAVAILABLE
+                        await self._fail(held, kind, str(exc), settle="term")
+                    return
+            loop = asyncio.get_running_loop()
+            toks = [u.tok for u in batch]
+            try:
+                outputs = await loop.run_in_executor(
+                    self._forward, _forward, lane.adapter, op, lora, toks
+                )
+            except Exception:
+                log.exception("forward pass failed for %s (batch of %d)", lane.model, len(batch))
+                for held in _jobs_of(batch):
+                    await self._retry_or_fail(held)
+                return
+            self.batches_run += 1
+            self.batch_sizes.append(len(batch))
+            for unit, output in zip(batch, outputs, strict=True):
+                held = unit.held
+                if not held.done and held.fill(unit.row, output):
+                    await self._answer(held, lane)
+        finally:
+            lane.running -= 1
+            self.loader.notify_idle()
 
     async def _drop_expired(self, batcher: Batcher[Unit]) -> None:
         now = time.time()
         dropped = batcher.drop(lambda u: not u.held.done and u.held.job.deadline > now)
-        for held in {id(u.held): u.held for u in dropped}.values():
+        for held in _jobs_of(dropped):
             if not held.done:
                 await self._fail(
                     held,
@@ -300,7 +398,7 @@ class EncoderWorker:
 
     # Settling ------------------------------------------------------------------------------
 
-    async def _answer(self, held: HeldJob, lane: _Lane) -> None:
+    async def _answer(self, held: HeldJob, lane: Lane) -> None:
         try:
             result = build_result(held, lane.adapter)
         except Exception:
@@ -317,12 +415,9 @@ class EncoderWorker:
 
     async def _fail(self, held: HeldJob, kind: ErrorKind, message: str, settle: str) -> None:
         job = held.job
+        param = {ErrorKind.INVALID_INPUT: "input", ErrorKind.NOT_FOUND: "model"}.get(kind, "")
         failure = JobFailed(
-            request_id=job.request_id,
-            part=job.part,
-            kind=kind,
-            message=message,
-            param="input" if kind is ErrorKind.INVALID_INPUT else "",
+            request_id=job.request_id, part=job.part, kind=kind, message=message, param=param
         )
         try:
             await self.bus.publish(job.reply_to, encode(failure))
@@ -378,6 +473,10 @@ class EncoderWorker:
         if self._held.pop(id(held), None) is not None:
             self._room.set()
 
+    def _signal(self) -> None:
+        self._wake.set()
+        self._room.set()
+
     # Background ------------------------------------------------------------------------
 
     async def _keepalive(self) -> None:
@@ -399,16 +498,45 @@ class EncoderWorker:
             await asyncio.sleep(self.settings.worker.heartbeat_interval)
 
     async def _send_heartbeat(self) -> None:
+        r = self.residency
         beat = WorkerHeartbeat(
             worker_id=self.worker_id,
-            models=list(self._lanes),
-            state=self._state,
+            models=sorted(self._served),
+            state=self._state,  # type: ignore[arg-type]
             sent_at=time.time(),
-        )  # type: ignore[arg-type]
+            resident=sorted(r.resident),
+            resident_bytes=r.used,
+            memory_budget=r.budget,
+            loads=r.loads,
+            evictions=r.evictions,
+        )
         try:
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
         except Exception as exc:
             log.debug("heartbeat failed: %r", exc)
+
+
+def _device(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def _jobs_of(units: list[Unit]) -> list[HeldJob]:
+    return list({id(u.held): u.held for u in units}.values())
+
+
+def _forward(adapter: EncoderAdapter, op: str, lora: str, toks: list[Tokenized]):
+    """On the forward thread: one batch, with its LoRA adapter active (or the base)."""
+    if adapter.lora is None:
+        return adapter.forward(op, toks)
+    with adapter.lora.active(lora):
+        return adapter.forward(op, toks)
 
 
 def _prepare(adapter: EncoderAdapter, jobs: list[HeldJob]) -> list[list[Tokenized] | str]:
@@ -424,6 +552,6 @@ def _prepare(adapter: EncoderAdapter, jobs: list[HeldJob]) -> list[list[Tokenize
 
 def _too_long(held: HeldJob, index: int, tok: Tokenized, limit: int) -> str:
     return (
-        f"input {held.job.first_index + index} has {tok.full_length} tokens, more than the model's "
-        f"maximum of {limit}; shorten it or send truncate=true"
+        f"input {held.job.first_index + index} has {tok.full_length} tokens, more than the "
+        f"model's maximum of {limit}; shorten it or send truncate=true"
     )

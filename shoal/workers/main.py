@@ -9,9 +9,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ..config import Settings
-from ..model_registry import ModelRegistry
+from ..model_registry import LiveRegistry, ModelRegistry
 from ..queue import Bus, QueueUnavailableError
-from .adapters import EncoderAdapter, make_adapter
 from .encoder_worker import EncoderWorker
 
 __all__ = ["run_worker"]
@@ -21,14 +20,15 @@ log = logging.getLogger(__name__)
 
 def run_worker(settings: Settings) -> None:
     """Serve `settings.worker.models` until SIGINT or SIGTERM."""
-    registry = ModelRegistry.from_files(settings.models_file)
-    specs = [registry.resolve(name) for name in settings.worker.models]
+    static = ModelRegistry.from_files(settings.models_file)
+    for name in settings.worker.models:
+        if name != "*":
+            static.resolve(name)  # fail fast on a typo (registered models come later)
     if settings.worker.threads:
         import torch
 
         torch.set_num_threads(settings.worker.threads)
-    adapters = [make_adapter(spec, settings.worker.device) for spec in specs]
-    _run(_serve(settings, adapters))
+    _run(_serve(settings, static))
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
@@ -40,14 +40,16 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
 
 
-async def _serve(settings: Settings, adapters: list[EncoderAdapter]) -> None:
+async def _serve(settings: Settings, static: ModelRegistry) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     bus = await _connect(settings)
     try:
-        await EncoderWorker(settings, bus, adapters).run(stop)
+        registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
+        await registry.start()
+        await EncoderWorker(settings, bus, registry).run(stop)
     finally:
         await bus.close()
 

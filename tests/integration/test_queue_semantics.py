@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shoal.config import Settings
-from shoal.model_registry import BatchProfile, ModelSpec
+from shoal.model_registry import BatchProfile, LiveRegistry, ModelRegistry, ModelSpec
 from shoal.queue import (
     Bus,
     Dispatcher,
@@ -50,7 +50,7 @@ class FlakyAdapter(DummyAdapter):
             raise RuntimeError("boom")
         return super().embed(batch)
 
-    def load(self) -> None:
+    def load(self, path: str) -> None:
         self._boom = int(self.tokenize(["boom"])[0].ids[1])
 
 
@@ -63,6 +63,7 @@ def settings_for(url: str, **nats) -> Settings:
         setattr(s.nats, k, v)
     s.gateway.no_worker_policy = "queue"
     s.worker.heartbeat_interval = 0.2
+    s.worker.pinned = [SPEC.id]
     return s
 
 
@@ -81,7 +82,8 @@ class Harness:
 
     async def add_worker(self, adapter: DummyAdapter | None = None) -> EncoderWorker:
         bus = await Bus.connect(self.settings.nats, "test-worker")
-        worker = EncoderWorker(self.settings, bus, [adapter or DummyAdapter(SPEC)])
+        registry = LiveRegistry(ModelRegistry([SPEC]))
+        worker = EncoderWorker(self.settings, bus, registry, [adapter or DummyAdapter(SPEC)])
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         deadline = time.monotonic() + 10

@@ -1,5 +1,6 @@
 """One controller per resource."""
 
+from .admin import AdminController
 from .embeddings import EmbeddingsController
 from .health import HealthController
 from .models import ModelsController
@@ -7,6 +8,7 @@ from .native import NativeController
 from .tasks import ClassifyController, MultiVectorController, NerController, RerankController
 
 __all__ = [
+    "AdminController",
     "ClassifyController",
     "EmbeddingsController",
     "HealthController",

@@ -19,8 +19,8 @@ class EmbeddingsController(Controller):
     async def create(
         self, data: EmbeddingRequest, runtime: RuntimeDep
     ) -> Response[EmbeddingResponse]:
-        spec = runtime.resolve(data.model)
+        target = runtime.resolve(data.model, "embed", data.shoal)
         texts, token_ids = data.inputs()
-        vectors = await runtime.embed(spec, data.options(), texts=texts, token_ids=token_ids)
-        body = EmbeddingResponse.from_vectors(vectors, spec.id, data.encoding_format)
+        vectors = await runtime.embed(target, data.options(), texts=texts, token_ids=token_ids)
+        body = EmbeddingResponse.from_vectors(vectors, target.name, data.encoding_format)
         return Response(body, headers=timing_headers(vectors))

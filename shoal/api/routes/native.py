@@ -48,9 +48,9 @@ class NativeController(Controller):
         data: Annotated[NativeEmbedRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
         runtime: RuntimeDep,
     ) -> Response[bytes]:
-        spec = runtime.resolve(data.model)
-        vectors = await runtime.embed(spec, data.options(), texts=data.inputs)
-        body = _encode(NativeEmbedResponse.from_vectors(vectors, spec.id))
+        target = runtime.resolve(data.model, "embed", data.shoal)
+        vectors = await runtime.embed(target, data.options(), texts=data.inputs)
+        body = _encode(NativeEmbedResponse.from_vectors(vectors, target.name))
         return Response(body, media_type=MSGPACK, headers=timing_headers(vectors))
 
     @post("/ner", status_code=200, media_type=MSGPACK, summary="Named entities (msgpack)")
@@ -59,12 +59,12 @@ class NativeController(Controller):
         data: Annotated[NativeNerRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
         runtime: RuntimeDep,
     ) -> Response[bytes]:
-        spec = runtime.resolve(data.model, "ner")
+        target = runtime.resolve(data.model, "ner", data.shoal)
         texts = data.texts()
         limits = runtime.settings.gateway
-        results = await runtime.run(spec, lambda env: data.to_jobs(env, limits))
+        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
         return Response(
-            _encode(NerResponse.from_results(texts, results, spec.id)), media_type=MSGPACK
+            _encode(NerResponse.from_results(texts, results, target.name)), media_type=MSGPACK
         )
 
     @post(
@@ -78,11 +78,11 @@ class NativeController(Controller):
         data: Annotated[NativeMultiVectorRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
         runtime: RuntimeDep,
     ) -> Response[bytes]:
-        spec = runtime.resolve(data.model, "multivector")
-        dims = spec.multivector.dims or spec.dims
+        target = runtime.resolve(data.model, "multivector", data.shoal)
+        dims = target.spec.multivector.dims or target.spec.dims
         limits = runtime.settings.gateway
         results = await runtime.run(
-            spec, lambda env: data.to_jobs(env, limits, dims, spec.max_length, data.dtype)
+            target, lambda env: data.to_jobs(env, limits, dims, target.spec.max_length, data.dtype)
         )
-        body = NativeMultiVectorResponse.from_results(results, spec.id)  # type: ignore[arg-type]
+        body = NativeMultiVectorResponse.from_results(results, target.name)  # type: ignore[arg-type]
         return Response(_encode(body), media_type=MSGPACK)

@@ -25,11 +25,11 @@ class NerController(Controller):
 
     @post(status_code=200, summary="Named entities (token classification)")
     async def create(self, data: NerRequest, runtime: RuntimeDep) -> NerResponse:
-        spec = runtime.resolve(data.model, "ner")
+        target = runtime.resolve(data.model, "ner", data.shoal)
         texts = data.texts()
         limits = runtime.settings.gateway
-        results = await runtime.run(spec, lambda env: data.to_jobs(env, limits))
-        return NerResponse.from_results(texts, results, spec.id)
+        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
+        return NerResponse.from_results(texts, results, target.name)
 
 
 class MultiVectorController(Controller):
@@ -38,13 +38,13 @@ class MultiVectorController(Controller):
 
     @post(status_code=200, summary="Token vectors (late interaction, ColBERT-style)")
     async def create(self, data: MultiVectorRequest, runtime: RuntimeDep) -> MultiVectorResponse:
-        spec = runtime.resolve(data.model, "multivector")
-        dims = spec.multivector.dims or spec.dims
+        target = runtime.resolve(data.model, "multivector", data.shoal)
+        dims = target.spec.multivector.dims or target.spec.dims
         limits = runtime.settings.gateway
         results = await runtime.run(
-            spec, lambda env: data.to_jobs(env, limits, dims, spec.max_length)
+            target, lambda env: data.to_jobs(env, limits, dims, target.spec.max_length)
         )
-        return MultiVectorResponse.from_results(results, spec.id, data.encoding_format)
+        return MultiVectorResponse.from_results(results, target.name, data.encoding_format)
 
 
 class RerankController(Controller):
@@ -53,11 +53,11 @@ class RerankController(Controller):
 
     @post(["/v1/rerank", "/rerank"], status_code=200, summary="Rerank documents for a query")
     async def create(self, data: RerankRequest, runtime: RuntimeDep) -> RerankResponse:
-        spec = runtime.resolve(data.model, "rerank")
+        target = runtime.resolve(data.model, "rerank", data.shoal)
         docs = data.document_texts()
         limits = runtime.settings.gateway
-        results = await runtime.run(spec, lambda env: data.to_jobs(env, limits))
-        return RerankResponse.from_results(data, docs, results, spec.id)
+        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
+        return RerankResponse.from_results(data, docs, results, target.name)
 
 
 class ClassifyController(Controller):
@@ -66,7 +66,7 @@ class ClassifyController(Controller):
 
     @post(status_code=200, summary="Classify texts (sequence classification)")
     async def create(self, data: ClassifyRequest, runtime: RuntimeDep) -> ClassifyResponse:
-        spec = runtime.resolve(data.model, "classify")
+        target = runtime.resolve(data.model, "classify", data.shoal)
         limits = runtime.settings.gateway
-        results = await runtime.run(spec, lambda env: data.to_jobs(env, limits))
-        return ClassifyResponse.from_results(results, spec.id)
+        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
+        return ClassifyResponse.from_results(results, target.name)

@@ -11,6 +11,7 @@ import numpy as np
 from .._constraints import ModelName
 from ..embed import EmbedOptions, Vectors
 from ..errors import InvalidRequestError
+from ..extensions import ShoalOptions
 
 __all__ = ["Embedding", "EmbeddingRequest", "EmbeddingResponse", "EmbeddingUsage"]
 
@@ -27,6 +28,8 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     truncate: bool = True
     """Inputs longer than the model's max length are cut to it (the default) or, with
     `false`, refused with a 400 naming their length."""
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def options(self) -> EmbedOptions:
         return EmbedOptions(dimensions=self.dimensions, truncate=self.truncate)

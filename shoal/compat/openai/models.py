@@ -23,17 +23,20 @@ class Model(msgspec.Struct, kw_only=True):
     aliases: list[str]
     ready: bool
     """Whether a live worker has this model loaded now."""
+    parent: str | None = None
+    """For a LoRA adapter (`base:adapter`): the base model."""
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, created: int, ready: bool) -> Model:
+    def from_spec(cls, spec: ModelSpec, created: int, ready: bool, adapter: str = "") -> Model:
         return cls(
-            id=spec.id,
+            id=f"{spec.id}:{adapter}" if adapter else spec.id,
+            parent=spec.id if adapter else None,
             created=created,
             owned_by=spec.owned_by,
             tasks=list(spec.tasks),
             dims=spec.dims,
             max_length=spec.max_length,
-            aliases=list(spec.aliases),
+            aliases=[] if adapter else list(spec.aliases),
             ready=ready,
         )
 

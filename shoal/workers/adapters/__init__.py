@@ -8,7 +8,7 @@ from .base import EncoderAdapter, Tokenized
 __all__ = ["EncoderAdapter", "Tokenized", "make_adapter"]
 
 
-def make_adapter(spec: ModelSpec, device: str = "auto") -> EncoderAdapter:
+def make_adapter(spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> EncoderAdapter:
     """The adapter for `spec.runtime`; heavy imports happen only for the one chosen."""
     if spec.runtime == "dummy":
         from .dummy import DummyAdapter
@@ -17,7 +17,7 @@ def make_adapter(spec: ModelSpec, device: str = "auto") -> EncoderAdapter:
     if spec.runtime == "transformers":
         from .transformers_heads import TransformersHeadAdapter
 
-        return TransformersHeadAdapter(spec, device=device)
+        return TransformersHeadAdapter(spec, device=device, max_loras=max_loras)
     from .sentence_transformers import SentenceTransformerAdapter
 
-    return SentenceTransformerAdapter(spec, device=device)
+    return SentenceTransformerAdapter(spec, device=device, max_loras=max_loras)

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...model_registry import ModelSpec
 from ...queue.messages import Job
+
+if TYPE_CHECKING:
+    from .lora import LoraSlots
 
 __all__ = ["EncoderAdapter", "Tokenized", "pad_batch"]
 
@@ -67,9 +71,16 @@ class EncoderAdapter(ABC):
     def dims(self) -> int:
         return self.spec.dims
 
+    lora: LoraSlots | None = None
+    """The model's LoRA adapters, for families that take them (set by `load`)."""
+
     @abstractmethod
-    def load(self) -> None:
-        """Load weights; called once, off the event loop."""
+    def load(self, path: str) -> None:
+        """Load weights from `path` (a local directory or a hub id), off the event loop."""
+
+    def memory_bytes(self) -> int:
+        """Bytes the loaded weights take (0 when unknown)."""
+        return 0
 
     @abstractmethod
     def warmup(self) -> None:

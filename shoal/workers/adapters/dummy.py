@@ -31,8 +31,11 @@ class DummyAdapter(EncoderAdapter):
         self.batches: list[int] = []
         """Sizes of the batches embedded, for tests to check batching."""
 
-    def load(self) -> None:
+    def load(self, path: str) -> None:
         pass
+
+    def memory_bytes(self) -> int:
+        return self._table.nbytes
 
     def warmup(self) -> None:
         self.embed(self.tokenize(["warm up"]))

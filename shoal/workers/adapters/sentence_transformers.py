@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from ...model_registry import ModelSpec, resolve_source
+from ...model_registry import ModelSpec
 from ...queue.messages import EmbedJob, Job, MultiVectorJob
 from ._tokenize import FastTokenizer
 from .base import EncoderAdapter, Tokenized, pad_batch
+from .lora import LoraSlots
 
 __all__ = ["SentenceTransformerAdapter", "pick_device"]
 
@@ -39,19 +40,32 @@ def pick_device(setting: str) -> str:
 class SentenceTransformerAdapter(EncoderAdapter):
     ops = frozenset({"embed", "multivector"})
 
-    def __init__(self, spec: ModelSpec, device: str = "auto") -> None:
+    def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
         super().__init__(spec)
         self.device = pick_device(device)
+        self.max_loras = max_loras
         self.model: SentenceTransformer | None = None
         self.tokenizer: FastTokenizer | None = None
         self._projection: torch.nn.Linear | None = None
         self.punctuation: np.ndarray | None = None
         """Per vocabulary id: whether the token is punctuation only (for multivector)."""
 
-    def load(self) -> None:
-        path = resolve_source(self.spec)
+    def load(self, path: str) -> None:
         model = SentenceTransformer(path, device=self.device)
         model.eval()
+        if self.spec.profile.dtype != "float32":
+            model.to(getattr(torch, self.spec.profile.dtype))
+        # LoRA adapters go on the transformer module (sentence-transformers 6 keeps it in
+        # `.model`; older releases in `.auto_model`).
+        first = model[0]
+        attr = (
+            "model"
+            if isinstance(getattr(type(first), "auto_model", None), property)
+            else ("auto_model")
+        )
+        self.lora = LoraSlots(
+            lambda: getattr(first, attr), lambda m: setattr(first, attr, m), self.max_loras
+        )
         self._max_length = min(self.spec.max_length, model.max_seq_length or self.spec.max_length)
         self.tokenizer = FastTokenizer(model.tokenizer, self._max_length)
         self._token_types = "token_type_ids" in model.tokenizer.model_input_names
@@ -132,7 +146,13 @@ class SentenceTransformerAdapter(EncoderAdapter):
             rows.append(tokens[i, width - n :] if self.tokenizer.pad_left else tokens[i, :n])
         return rows
 
+    def memory_bytes(self) -> int:
+        assert self.model is not None
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def unload(self) -> None:
         self.model = None
+        self.lora = None
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()

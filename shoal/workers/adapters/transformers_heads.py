@@ -19,11 +19,12 @@ from transformers import (
     AutoTokenizer,
 )
 
-from ...model_registry import ModelSpec, resolve_source
+from ...model_registry import ModelSpec
 from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob
 from ..ner import LabelTable
 from ._tokenize import FastTokenizer
 from .base import EncoderAdapter, Tokenized, pad_batch
+from .lora import LoraSlots
 from .sentence_transformers import pick_device
 
 __all__ = ["TransformersHeadAdapter"]
@@ -32,9 +33,10 @@ __all__ = ["TransformersHeadAdapter"]
 class TransformersHeadAdapter(EncoderAdapter):
     ops = frozenset({"ner", "classify", "rerank"})
 
-    def __init__(self, spec: ModelSpec, device: str = "auto") -> None:
+    def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
         super().__init__(spec)
         self.device = pick_device(device)
+        self.max_loras = max_loras
         self.model: torch.nn.Module | None = None
         self.tokenizer: FastTokenizer | None = None
         self.labels: list[str] = []
@@ -43,14 +45,15 @@ class TransformersHeadAdapter(EncoderAdapter):
         self.token_lengths: np.ndarray | None = None
         """Per vocabulary id: the length of the token's string (NER word grouping)."""
 
-    def load(self) -> None:
-        path = resolve_source(self.spec)
+    def load(self, path: str) -> None:
         hf_tokenizer = AutoTokenizer.from_pretrained(path)
         token_level = "ner" in self.spec.tasks
         auto = (
             AutoModelForTokenClassification if token_level else AutoModelForSequenceClassification
         )
         model = auto.from_pretrained(path).to(self.device).eval()
+        if self.spec.profile.dtype != "float32":
+            model.to(getattr(torch, self.spec.profile.dtype))
         limit = getattr(hf_tokenizer, "model_max_length", None) or self.spec.max_length
         self._max_length = min(self.spec.max_length, limit)
         self.tokenizer = FastTokenizer(
@@ -63,6 +66,10 @@ class TransformersHeadAdapter(EncoderAdapter):
         self.problem_type = config.problem_type
         if token_level:
             self.token_lengths = np.array([len(t) for t in self.tokenizer.token_strings()])
+        self.model = model
+        self.lora = LoraSlots(lambda: self.model, self._set_model, self.max_loras)
+
+    def _set_model(self, model: torch.nn.Module) -> None:
         self.model = model
 
     @property
@@ -117,7 +124,13 @@ class TransformersHeadAdapter(EncoderAdapter):
             for i, t in enumerate(batch)
         ]
 
+    def memory_bytes(self) -> int:
+        assert self.model is not None
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def unload(self) -> None:
         self.model = None
+        self.lora = None
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()

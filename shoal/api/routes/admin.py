@@ -1,0 +1,117 @@
+"""Admin API: register and remove models and LoRA adapters without a redeploy.
+
+Registrations go to the shared registry (a JetStream key-value bucket): every gateway and
+worker sees them, and they survive restarts. A source is checked before anything is
+stored, so a missing or unreachable S3 prefix leaves nothing half-registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from litestar import Controller, delete, get, post
+
+from ...compat.admin import AdapterRegistration, ModelInfo, ModelInfoList, WorkerStatus
+from ...compat.errors import ConflictError, InvalidRequestError, ModelNotFoundError, NotFoundError
+from ...model_registry import (
+    AdapterSpec,
+    ModelSpec,
+    RegistryConflictError,
+    SourceError,
+    UnknownAdapterError,
+    UnknownModelError,
+)
+from ..runtime import Runtime, RuntimeDep
+
+__all__ = ["AdminController"]
+
+_REGISTERED_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def _info(runtime: Runtime, spec: ModelSpec) -> ModelInfo:
+    origin = "spec_file" if runtime.registry.is_builtin(spec.id) else "registered"
+    return ModelInfo(spec, origin, runtime.registry.adapters(spec.id))  # type: ignore[arg-type]
+
+
+async def _check_source(runtime: Runtime, source: str) -> None:
+    try:
+        await asyncio.to_thread(runtime.sources.check, source)
+    except SourceError as exc:
+        raise InvalidRequestError(
+            f"source {source!r} cannot be used: {exc}", param="source", code="source_unavailable"
+        ) from None
+
+
+class AdminController(Controller):
+    path = "/admin/v1"
+    tags = ["Admin"]
+
+    @get("/models", summary="Models, where each comes from, and their adapters")
+    async def list_models(self, runtime: RuntimeDep) -> ModelInfoList:
+        return ModelInfoList([_info(runtime, spec) for spec in runtime.registry])
+
+    @post("/models", status_code=201, summary="Register a model")
+    async def register_model(self, data: ModelSpec, runtime: RuntimeDep) -> ModelInfo:
+        if not _REGISTERED_ID.fullmatch(data.id):
+            raise InvalidRequestError(
+                "registered model ids use letters, digits, '.', '_' and '-' only "
+                "(give hub-style names as aliases)",
+                param="id",
+            )
+        await _check_source(runtime, data.source)
+        try:
+            await runtime.registry.register_model(data)
+        except RegistryConflictError as exc:
+            raise ConflictError(str(exc), param="id") from None
+        return _info(runtime, data)
+
+    @delete("/models/{model_id:str}", status_code=204, summary="Remove a registered model")
+    async def remove_model(self, model_id: str, runtime: RuntimeDep) -> None:
+        try:
+            await runtime.registry.remove_model(model_id)
+        except UnknownModelError:
+            raise ModelNotFoundError(model_id) from None
+        except RegistryConflictError as exc:
+            raise ConflictError(str(exc), param="model") from None
+
+    @get("/models/{model_id:str}/adapters", summary="A model's adapters")
+    async def list_adapters(self, model_id: str, runtime: RuntimeDep) -> list[AdapterSpec]:
+        spec = runtime.resolve(model_id, op=None).spec
+        return runtime.registry.adapters(spec.id)
+
+    @post("/models/{model_id:str}/adapters", status_code=201, summary="Register a LoRA adapter")
+    async def register_adapter(
+        self, model_id: str, data: AdapterRegistration, runtime: RuntimeDep
+    ) -> AdapterSpec:
+        spec = runtime.resolve(model_id, op=None).spec
+        if spec.runtime not in ("sentence-transformers", "transformers"):
+            raise InvalidRequestError(
+                f"model '{spec.id}' (runtime {spec.runtime}) cannot take LoRA adapters",
+                param="model",
+            )
+        await _check_source(runtime, data.source)
+        adapter = data.to_spec(spec.id)
+        try:
+            await runtime.registry.register_adapter(adapter)
+        except RegistryConflictError as exc:
+            raise ConflictError(str(exc), param="name") from None
+        return adapter
+
+    @delete(
+        "/models/{model_id:str}/adapters/{name:str}",
+        status_code=204,
+        summary="Remove a LoRA adapter",
+    )
+    async def remove_adapter(self, model_id: str, name: str, runtime: RuntimeDep) -> None:
+        spec = runtime.resolve(model_id, op=None).spec
+        try:
+            await runtime.registry.remove_adapter(spec.id, name)
+        except UnknownAdapterError:
+            raise NotFoundError(
+                f"model '{spec.id}' has no adapter '{name}'", code="adapter_not_found"
+            ) from None
+
+    @get("/status", summary="Workers: what each serves, holds in memory, loaded, evicted")
+    async def status(self, runtime: RuntimeDep) -> WorkerStatus:
+        return WorkerStatus(sorted(runtime.dispatcher.live_workers(), key=lambda w: w.worker_id))

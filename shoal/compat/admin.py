@@ -1,0 +1,38 @@
+"""Admin API schemas: registering models and LoRA adapters at run time, worker status."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from ..model_registry import AdapterSpec, ModelSpec
+from ..queue.messages import WorkerHeartbeat
+
+__all__ = ["AdapterRegistration", "ModelInfo", "ModelInfoList", "WorkerStatus"]
+
+RegisteredId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
+
+
+class AdapterRegistration(msgspec.Struct, kw_only=True):
+    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
+    source: Annotated[str, msgspec.Meta(min_length=1)]
+    """A local path, `s3://bucket/prefix` or `hf:ORG/NAME` holding a peft adapter."""
+
+    def to_spec(self, base: str) -> AdapterSpec:
+        return AdapterSpec(name=self.name, base=base, source=self.source)
+
+
+class ModelInfo(msgspec.Struct):
+    spec: ModelSpec
+    origin: Literal["spec_file", "registered"]
+    adapters: list[AdapterSpec]
+
+
+class ModelInfoList(msgspec.Struct):
+    data: list[ModelInfo]
+    object: Literal["list"] = "list"
+
+
+class WorkerStatus(msgspec.Struct):
+    workers: list[WorkerHeartbeat]

@@ -1,0 +1,55 @@
+"""One served model inside a worker: its adapter, state, batchers and parked work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from ..model_registry import ModelSpec
+from ..queue.source import WorkSource
+from .adapters.base import EncoderAdapter
+from .batcher import Batcher
+from .held import HeldJob, Unit
+
+__all__ = ["Lane", "LaneState"]
+
+LaneState = Literal["unloaded", "loading", "resident", "failed"]
+
+
+class Lane:
+    def __init__(
+        self, spec: ModelSpec, adapter: EncoderAdapter, clock: Callable[[], float]
+    ) -> None:
+        self.spec = spec
+        self.adapter = adapter
+        self._clock = clock
+        self.state: LaneState = "unloaded"
+        self.error = ""
+        """Why loading failed (state `failed`)."""
+        self.batchers: dict[tuple[str, str], Batcher[Unit]] = {}
+        """One per (op, LoRA adapter): batches never mix ops or adapters."""
+        self.waiting: list[HeldJob] = []
+        """Jobs pulled while the model was not resident: tokenized once it is."""
+        self.running = 0
+        self.source: WorkSource | None = None
+        self.pull_task = None
+
+    @property
+    def model(self) -> str:
+        return self.spec.id
+
+    def batcher(self, op: str, lora: str) -> Batcher[Unit]:
+        key = (op, lora)
+        batcher = self.batchers.get(key)
+        if batcher is None:
+            batcher = self.batchers[key] = Batcher(self.spec.profile, self._clock)
+        return batcher
+
+    @property
+    def queued(self) -> int:
+        return sum(len(b) for b in self.batchers.values()) + len(self.waiting)
+
+    @property
+    def busy(self) -> bool:
+        """Work is waiting, queued or running on this model: it must not be evicted."""
+        return self.running > 0 or self.queued > 0 or self.state == "loading"

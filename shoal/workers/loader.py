@@ -1,0 +1,174 @@
+"""Loading and evicting models, and loading their LoRA adapters, inside one worker.
+
+Weights are fetched (S3 into the local cache) and loaded on a loader thread, so the
+forward thread keeps serving the resident models meanwhile; only the warm-up pass and
+adapter injection, which touch a model the forward thread may run, go on the forward
+thread. Before a load the `Residency` plan says what to evict; when the only evictable
+models are busy, the load waits until one is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from ..model_registry import LiveRegistry, SourceResolver, UnknownAdapterError
+from .lane import Lane
+from .residency import ModelTooLargeError, Residency, weight_bytes
+
+__all__ = ["LoadError", "Loader"]
+
+log = logging.getLogger(__name__)
+
+RETRY_FAILED_AFTER = 10.0
+"""Seconds a model that failed to load answers with that failure before a retry."""
+
+
+class LoadError(Exception):
+    def __init__(self, message: str, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
+
+
+class Loader:
+    def __init__(
+        self,
+        residency: Residency,
+        resolver: SourceResolver,
+        registry: LiveRegistry,
+        forward: ThreadPoolExecutor,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.residency = residency
+        self._resolver = resolver
+        self._registry = registry
+        self._forward = forward
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
+        self._on_change = on_change
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._idle = asyncio.Event()
+        self._paths: dict[str, str] = {}
+        self._failed_at: dict[str, float] = {}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def notify_idle(self) -> None:
+        """A batch finished: a busy model may have become evictable."""
+        self._idle.set()
+
+    async def _run(self, pool: ThreadPoolExecutor, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    async def _local(self, source: str) -> str:
+        path = self._paths.get(source)
+        if path is None:
+            path = self._paths[source] = await self._run(self._pool, self._resolver.local, source)
+        return path
+
+    async def ensure_resident(self, lane: Lane, lanes: Iterable[Lane]) -> None:
+        """Load `lane`'s model, evicting others as its memory needs.
+
+        Raises:
+            LoadError: it cannot be fetched, loaded, or fit in the budget.
+        """
+        lock = self._locks.setdefault(lane.model, asyncio.Lock())
+        async with lock:
+            if lane.state == "resident":
+                return
+            if lane.state == "failed":
+                if time.monotonic() - self._failed_at.get(lane.model, 0) < RETRY_FAILED_AFTER:
+                    raise LoadError(lane.error)
+                lane.state = "unloaded"
+            lane.state = "loading"
+            try:
+                await self._load(lane, {other.model: other for other in lanes})
+            except Exception as exc:
+                lane.state = "failed"
+                lane.error = (
+                    str(exc)
+                    if isinstance(exc, LoadError)
+                    else (f"model '{lane.model}' failed to load: {exc}")
+                )
+                self._failed_at[lane.model] = time.monotonic()
+                log.error("%s", lane.error)
+                raise LoadError(lane.error) from exc
+            finally:
+                self._on_change()
+
+    async def _load(self, lane: Lane, lanes: dict[str, Lane]) -> None:
+        # The dummy runtime has no weights to fetch.
+        path = "" if lane.spec.runtime == "dummy" else await self._local(lane.spec.source)
+        need = await self._run(self._pool, weight_bytes, path) if path else 0
+        while True:
+            busy = {m for m, other in lanes.items() if other is not lane and other.busy}
+            try:
+                evict = self.residency.plan(lane.model, need, busy)
+            except ModelTooLargeError as exc:
+                raise LoadError(str(exc)) from None
+            if evict is not None:
+                break
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), 1.0)
+        for model in evict:
+            await self.evict(lanes[model])
+        started = time.monotonic()
+        await self._run(self._pool, lane.adapter.load, path)
+        await self._run(self._forward, lane.adapter.warmup)
+        size = lane.adapter.memory_bytes() or need
+        self.residency.loaded(lane.model, size)
+        lane.state = "resident"
+        log.info(
+            "loaded %s (%.0f MiB) in %.1fs", lane.model, size / 2**20, time.monotonic() - started
+        )
+
+    async def evict(self, lane: Lane) -> None:
+        """Unload `lane`'s model if resident."""
+        if lane.state != "resident":
+            return
+        lane.state = "unloaded"
+
+        def unload() -> None:
+            lane.adapter.unload()
+            gc.collect()
+
+        await self._run(self._forward, unload)
+        self.residency.evicted(lane.model)
+        log.info("evicted %s", lane.model)
+        self._on_change()
+
+    async def ensure_lora(self, lane: Lane, name: str) -> None:
+        """Have LoRA adapter `name` loaded on `lane`'s resident model.
+
+        Raises:
+            LoadError: unknown adapter (`not_found`), or it cannot be fetched or loaded.
+        """
+        try:
+            spec = self._registry.resolve_adapter(lane.model, name)
+        except UnknownAdapterError:
+            raise LoadError(
+                f"model '{lane.model}' has no adapter '{name}'", not_found=True
+            ) from None
+        slots = lane.adapter.lora
+        if slots is None:
+            raise LoadError(f"model '{lane.model}' cannot take LoRA adapters")
+        try:
+            path = await self._local(spec.source)
+            await self._run(self._forward, slots.ensure, name, path)
+        except Exception as exc:
+            raise LoadError(f"adapter '{lane.model}:{name}' failed to load: {exc}") from exc
+
+    async def forget_removed_loras(self, lane: Lane) -> None:
+        slots = lane.adapter.lora
+        if slots is None:
+            return
+        known = {a.name for a in self._registry.adapters(lane.model)}
+        for name in slots.loaded():
+            if name not in known:
+                await self._run(self._forward, slots.drop, name)
