@@ -33,8 +33,14 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--port", type=int)
     gateway.add_argument("--nats-url")
 
-    worker = sub.add_parser("worker", help="run an encoder worker against a NATS server")
+    worker = sub.add_parser("worker", help="run a worker against a NATS server")
     common(worker)
+    worker.add_argument(
+        "--kind",
+        choices=["encode", "generate"],
+        default="encode",
+        help="encoder tasks (default) or text generation",
+    )
     worker.add_argument("--models", help="comma-separated model ids")
     worker.add_argument("--nats-url")
     worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
@@ -51,10 +57,15 @@ def _settings(args: argparse.Namespace) -> Settings:
         settings.gateway.port = args.port
     if getattr(args, "nats_url", None):
         settings.nats.url = args.nats_url
+    generate = getattr(args, "kind", "encode") == "generate"
     if getattr(args, "models", None):
-        settings.worker.models = [m for m in args.models.split(",") if m]
+        models = [m for m in args.models.split(",") if m]
+        if generate:
+            settings.generator.models = models
+        else:
+            settings.worker.models = models
     if getattr(args, "device", None):
-        settings.worker.device = args.device
+        settings.worker.device = settings.generator.device = args.device
     return settings
 
 
@@ -77,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         from .api.server import run_gateway
 
         run_gateway(settings)
+        return 0
+    if args.kind == "generate":
+        from .workers.generation.main import run_generation_worker
+
+        run_generation_worker(settings)
         return 0
     from .workers.main import run_worker
 

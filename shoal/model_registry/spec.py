@@ -35,15 +35,17 @@ __all__ = [
     "load_catalog",
 ]
 
-Task = Literal["embed", "multivector", "ner", "classify", "rerank"]
+Task = Literal["embed", "multivector", "ner", "classify", "rerank", "generate"]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
-Runtime = Literal["sentence-transformers", "transformers", "dummy"]
+Runtime = Literal["sentence-transformers", "transformers", "sglang", "dummy"]
 
 RUNTIME_TASKS: dict[str, frozenset[str]] = {
     "sentence-transformers": frozenset({"embed", "multivector"}),
     # One transformers head per model: token classification (ner) or sequence
     # classification (classify, or rerank for a single-logit cross-encoder).
-    "transformers": frozenset({"ner", "classify", "rerank"}),
+    # `generate` is a causal LM, served by generation workers.
+    "transformers": frozenset({"ner", "classify", "rerank", "generate"}),
+    "sglang": frozenset({"generate"}),
     "dummy": frozenset({"embed"}),
 }
 """What each runtime can serve."""
@@ -77,7 +79,9 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What the model serves; the runtime decides which combinations are possible."""
     source: str
     """`package:MODULE` (a package whose `get_model_path()` holds the weights), a local
-    path, or `hf:ORG/NAME` (a hub id, loaded by the usual libraries and their cache)."""
+    path, `s3://bucket/prefix`, `hf:ORG/NAME` (a hub id, loaded by the usual libraries and
+    their cache), or `gguf:PACKAGE/FILE.gguf` / `gguf:/path/FILE.gguf` (generation models:
+    converted once to safetensors)."""
     max_length: PositiveInt
     """Longest input in tokens; longer inputs are truncated (or refused on request)."""
     dims: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -102,6 +106,8 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"model {self.id!r}: runtime {self.runtime!r} cannot serve {sorted(unsupported)}"
             )
+        if "generate" in self.tasks and len(self.tasks) > 1:
+            raise ValueError(f"model {self.id!r}: 'generate' cannot share a model with other tasks")
         if "embed" in self.tasks and not self.dims:
             raise ValueError(f"model {self.id!r}: 'dims' is required for embed")
         if "ner" in self.tasks and self.stride >= self.max_length // 2:

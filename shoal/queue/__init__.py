@@ -14,7 +14,17 @@ from .errors import (
     QueueFullError,
     QueueUnavailableError,
 )
-from .messages import EmbedJob, EmbedResult, ErrorKind, Job, JobFailed, Reply, WorkerHeartbeat
+from .messages import (
+    EmbedJob,
+    EmbedResult,
+    ErrorKind,
+    GenerateChunk,
+    GenerateJob,
+    Job,
+    JobFailed,
+    Reply,
+    WorkerHeartbeat,
+)
 from .nats import Bus
 from .provision import ensure_consumer, ensure_work_stream
 from .source import Delivery, WorkSource
@@ -29,6 +39,8 @@ __all__ = [
     "EmbedResult",
     "EmbeddedNats",
     "ErrorKind",
+    "GenerateChunk",
+    "GenerateJob",
     "Job",
     "JobFailed",
     "JobFailedError",

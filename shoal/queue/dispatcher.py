@@ -12,11 +12,12 @@ answering 503 at once instead of queueing work no one will take.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 
@@ -29,6 +30,8 @@ from .errors import (
 )
 from .messages import (
     OP_OF_JOB,
+    GenerateChunk,
+    GenerateJob,
     Job,
     JobFailed,
     Result,
@@ -91,6 +94,7 @@ class Dispatcher:
         self.reply_subject = subjects.reply(self.gateway_id)
         self._ids = itertools.count()
         self._pending: dict[str, _Pending] = {}
+        self._streams: dict[str, asyncio.Queue] = {}
         self._workers: dict[str, LiveWorker] = {}
         self._started_at = time.time()
 
@@ -104,7 +108,7 @@ class Dispatcher:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._streams)
 
     async def submit(
         self, request_id: str, jobs: Sequence[Job], lane: Lane, deadline: float
@@ -135,14 +139,63 @@ class Dispatcher:
         finally:
             del self._pending[request_id]
 
+    async def stream(
+        self, request_id: str, job: GenerateJob, lane: Lane, deadline: float
+    ) -> AsyncIterator[GenerateChunk]:
+        """Publish a generation job and yield its chunks as they come (raw: the caller
+        assembles them with `StreamAssembler`). Leaving early (the client went away)
+        cancels the job on its worker.
+
+        Raises:
+            NoWorkerError, QueueFullError, QueueUnavailableError: not accepted.
+            DeadlineExceededError: no chunk for too long, or past the deadline.
+            JobFailedError: the worker failed it.
+        """
+        if self._gateway.no_worker_policy == "reject" and not self.has_worker_for(job.model):
+            raise NoWorkerError(job.model)
+        if not self._bus.is_connected:
+            raise QueueUnavailableError("not connected to NATS")
+        queue: asyncio.Queue[GenerateChunk | JobFailed] = asyncio.Queue()
+        self._streams[request_id] = queue
+        finished = False
+        try:
+            subject = self._subjects.work(lane, job.model, "generate")
+            await self._bus.publish_work([(subject, encode(job), f"{request_id}.{job.part}")])
+            while True:
+                try:
+                    reply = await asyncio.wait_for(queue.get(), deadline - time.time())
+                except TimeoutError:
+                    raise DeadlineExceededError() from None
+                if isinstance(reply, JobFailed):
+                    finished = True
+                    raise JobFailedError(reply)
+                yield reply
+                if reply.done:
+                    finished = True
+                    return
+        finally:
+            del self._streams[request_id]
+            if not finished:
+                await self.cancel(request_id)
+
+    async def cancel(self, request_id: str) -> None:
+        """Ask workers to stop the request's work: nobody waits for it any more."""
+        with contextlib.suppress(Exception):
+            await self._bus.publish(self._subjects.cancel, request_id.encode())
+
     def _on_reply(self, payload: bytes) -> None:
         try:
             reply = decode_reply(payload)
         except msgspec.DecodeError:
             log.warning("dropped an undecodable reply (%d bytes)", len(payload))
             return
+        stream = self._streams.get(reply.request_id)
+        if stream is not None:
+            if isinstance(reply, (GenerateChunk, JobFailed)):
+                stream.put_nowait(reply)
+            return
         pending = self._pending.get(reply.request_id)
-        if pending is not None:
+        if pending is not None and not isinstance(reply, GenerateChunk):
             pending.accept(reply)
 
     # Workers -----------------------------------------------------------------------

@@ -19,12 +19,16 @@ import msgspec
 
 __all__ = [
     "OP_OF_JOB",
+    "ChatTurn",
+    "ChoiceDelta",
     "ClassifyJob",
     "ClassifyResult",
     "EmbedJob",
     "EmbedResult",
     "Entity",
     "ErrorKind",
+    "GenerateChunk",
+    "GenerateJob",
     "Job",
     "JobFailed",
     "JobHeader",
@@ -36,7 +40,9 @@ __all__ = [
     "Reply",
     "RerankJob",
     "Result",
+    "Sampling",
     "ScoresResult",
+    "TokenLogprob",
     "WorkerHeartbeat",
     "decode_heartbeat",
     "decode_job",
@@ -150,7 +156,49 @@ class RerankJob(_Wire, tag="rerank"):
     """A LoRA adapter of the model to run with; empty: the base model."""
 
 
-Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob
+class ChatTurn(_Wire, tag="turn"):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class Sampling(_Wire, tag="sampling"):
+    """How to sample, as the OpenAI parameters say it (the gateway has validated them)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    """Always set: the gateway picks one when the request has none, so a redelivered job
+    regenerates the text already streamed (the gateway checks that it does)."""
+    stop: list[str] = []
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    json_schema: str = ""
+    """A JSON schema (JSON text) the output must match; `{"type": "object"}` for json_object."""
+
+
+class GenerateJob(_Wire, tag="generate"):
+    request_id: str
+    part: int
+    model: str
+    reply_to: str
+    deadline: float
+    messages: list[ChatTurn] = []
+    """A chat: the worker applies the model's chat template."""
+    prompt: str = ""
+    """A completion prompt, used as is."""
+    n: int = 1
+    """Choices to generate from this prompt; their indexes start at `first_index`."""
+    sampling: Sampling = Sampling()
+    echo: bool = False
+    first_index: int = 0
+    adapter: str = ""
+    """A LoRA adapter of the model to run with; empty: the base model."""
+
+
+Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob | GenerateJob
 
 OP_OF_JOB: dict[type, str] = {
     EmbedJob: "embed",
@@ -158,6 +206,7 @@ OP_OF_JOB: dict[type, str] = {
     NerJob: "ner",
     ClassifyJob: "classify",
     RerankJob: "rerank",
+    GenerateJob: "generate",
 }
 """The op (subject token, batcher key) each job type is."""
 
@@ -232,6 +281,40 @@ class ScoresResult(_Wire, tag="scores_result"):
     inference_ms: float = 0.0
 
 
+class TokenLogprob(_Wire, tag="logprob"):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, float, list[int]]] = []
+    """The most likely tokens at this position: (token, logprob, UTF-8 bytes)."""
+
+
+class ChoiceDelta(_Wire, tag="delta"):
+    index: int
+    text: str = ""
+    logprobs: list[TokenLogprob] = []
+    finish_reason: str = ""
+    """Set on a choice's last delta: `stop` or `length`."""
+
+
+class GenerateChunk(_Wire, tag="gen_chunk"):
+    """Part of a generation, in order: `seq` counts an attempt's chunks from 0. A job
+    redelivered after a crash starts a new `attempt`; the gateway forwards only text
+    past what it already sent, after checking the new attempt reproduces it."""
+
+    request_id: str
+    part: int
+    attempt: str
+    seq: int
+    deltas: list[ChoiceDelta] = []
+    done: bool = False
+    """The last chunk of the job: usage is final."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt: str = ""
+    """The prompt as the model saw it, on the first chunk when the job asked to echo."""
+
+
 class JobFailed(_Wire, tag="failed"):
     request_id: str
     part: int
@@ -241,7 +324,15 @@ class JobFailed(_Wire, tag="failed"):
 
 
 Result = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult
-Reply = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult | JobFailed
+Reply = (
+    EmbedResult
+    | MultiVectorResult
+    | NerResult
+    | ClassifyResult
+    | ScoresResult
+    | GenerateChunk
+    | JobFailed
+)
 
 
 class WorkerHeartbeat(_Wire, tag="heartbeat"):
@@ -256,6 +347,8 @@ class WorkerHeartbeat(_Wire, tag="heartbeat"):
     memory_budget: int = 0
     loads: int = 0
     evictions: int = 0
+    batch_max: int = 0
+    """Generation: the largest batch one decode step has run."""
 
 
 class JobHeader(msgspec.Struct):

@@ -3,6 +3,7 @@
     {prefix}.work.{lane}.{model}.{op}   work items (JetStream, WorkQueue retention)
     {prefix}.reply.{gateway}            results for one gateway (core NATS)
     {prefix}.heartbeat                  worker liveness and the models each serves
+    {prefix}.cancel                     request ids nobody waits for any more
 
 Each (lane, model) pair has one durable consumer whose filter is
 `{prefix}.work.{lane}.{model}.*`: filters of different pairs never overlap, which a
@@ -18,7 +19,7 @@ from typing import Literal
 __all__ = ["Lane", "Op", "Subjects", "model_token", "token_model"]
 
 Lane = Literal["interactive", "batch"]
-Op = Literal["embed", "multivector", "ner", "classify", "rerank"]
+Op = Literal["embed", "multivector", "ner", "classify", "rerank", "generate"]
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 
@@ -74,3 +75,8 @@ class Subjects:
     @property
     def heartbeat(self) -> str:
         return f"{self.prefix}.heartbeat"
+
+    @property
+    def cancel(self) -> str:
+        """Request ids whose work should stop (the client went away)."""
+        return f"{self.prefix}.cancel"

@@ -113,6 +113,8 @@ class EncoderWorker:
         return self._state
 
     def serves(self, spec: ModelSpec) -> bool:
+        if "generate" in spec.tasks:  # generation workers serve these
+            return False
         return "*" in self._served or spec.id in self._served
 
     # Lifecycle -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """One controller per resource."""
 
 from .admin import AdminController
+from .chat import ChatController, CompletionsController
 from .embeddings import EmbeddingsController
 from .health import HealthController
 from .models import ModelsController
@@ -9,7 +10,9 @@ from .tasks import ClassifyController, MultiVectorController, NerController, Rer
 
 __all__ = [
     "AdminController",
+    "ChatController",
     "ClassifyController",
+    "CompletionsController",
     "EmbeddingsController",
     "HealthController",
     "ModelsController",

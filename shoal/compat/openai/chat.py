@@ -1,0 +1,181 @@
+"""OpenAI chat completions: https://platform.openai.com/docs/api-reference/chat"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+import msgspec
+
+from ...queue.messages import ChatTurn, ChoiceDelta, GenerateJob
+from .._constraints import ModelName
+from ..errors import InvalidRequestError
+from ..extensions import ShoalOptions
+from ..jobs import Envelope
+from .generation import (
+    ChatLogprob,
+    MaxTokens,
+    ResponseFormat,
+    SamplingFields,
+    Usage,
+    chat_logprob,
+)
+
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+]
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    # Fields in the order of OpenAI's reference (SamplingFields holds the shared ones).
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    model: ModelName
+    logprobs: bool = False
+    max_completion_tokens: MaxTokens | None = None
+    max_tokens: MaxTokens | None = None
+    response_format: ResponseFormat | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    # --- Shoal extensions -------------------------------------------------------------
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
+
+    def turns(self) -> list[ChatTurn]:
+        """Raises: InvalidRequestError for tool/function roles or non-text content."""
+        turns = []
+        for i, message in enumerate(self.messages):
+            if message.role not in ("system", "developer", "user", "assistant"):
+                raise InvalidRequestError(
+                    f"messages[{i}]: role '{message.role}' is not supported "
+                    "(system, developer, user, assistant)",
+                    param=f"messages[{i}].role",
+                )
+            turns.append(ChatTurn(role=message.role, content=_text(message, i)))  # type: ignore[arg-type]
+        return turns
+
+    def to_job(self, env: Envelope, context: int) -> GenerateJob:
+        """Raises: InvalidRequestError (unsupported parameters, bad messages, limits)."""
+        self.reject_unsupported()
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        max_tokens = self.max_completion_tokens or self.max_tokens or 0
+        if max_tokens > context:
+            raise InvalidRequestError(
+                f"max_tokens is {max_tokens}, more than the model's context of {context}",
+                param="max_tokens",
+            )
+        schema = self.response_format.schema_text() if self.response_format else ""
+        sampling = self.sampling(max_tokens, self.logprobs, self.top_logprobs or 0, schema)
+        return GenerateJob(
+            **env.job_fields(0, 0), messages=self.turns(), n=self.n, sampling=sampling
+        )
+
+
+def _text(message: ChatMessage, i: int) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise InvalidRequestError(
+                f"messages[{i}]: content parts of type '{part.type}' are not supported",
+                param=f"messages[{i}].content",
+            )
+        parts.append(part.text)
+    return "".join(parts)
+
+
+class ResponseMessage(msgspec.Struct):
+    content: str | None
+    refusal: str | None = None
+    role: Literal["assistant"] = "assistant"
+
+
+class ChoiceLogprobs(msgspec.Struct):
+    content: list[ChatLogprob] | None
+    refusal: list[ChatLogprob] | None = None
+
+
+class Choice(msgspec.Struct):
+    index: int
+    message: ResponseMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    choices: list[Choice]
+    created: int
+    model: str
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+
+    @classmethod
+    def collect(
+        cls,
+        completion_id: str,
+        model: str,
+        deltas: list[ChoiceDelta],
+        n: int,
+        logprobs: bool,
+        usage: Usage,
+    ) -> ChatCompletion:
+        """The whole response from every delta the stream gave, per choice in order."""
+        texts = [""] * n
+        lps: list[list[ChatLogprob]] = [[] for _ in range(n)]
+        finish = ["stop"] * n
+        for d in deltas:
+            texts[d.index] += d.text
+            lps[d.index].extend(chat_logprob(lp) for lp in d.logprobs)
+            if d.finish_reason:
+                finish[d.index] = d.finish_reason
+        choices = [
+            Choice(
+                i,
+                ResponseMessage(texts[i]),
+                ChoiceLogprobs(lps[i]) if logprobs else None,
+                finish[i],
+            )
+            for i in range(n)
+        ]
+        return cls(
+            id=completion_id, choices=choices, created=int(time.time()), model=model, usage=usage
+        )
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    content: str | None = None
+    role: str | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: Delta
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    id: str
+    choices: list[ChunkChoice]
+    created: int
+    model: str
+    usage: Usage | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"

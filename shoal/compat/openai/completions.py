@@ -1,0 +1,141 @@
+"""OpenAI (legacy) completions: https://platform.openai.com/docs/api-reference/completions"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+import msgspec
+
+from ...queue.messages import ChoiceDelta, GenerateJob, TokenLogprob
+from .._constraints import ModelName
+from ..errors import InvalidRequestError
+from ..extensions import ShoalOptions
+from ..jobs import Envelope
+from .generation import MaxTokens, SamplingFields, Usage
+
+__all__ = ["Completion", "CompletionChunk", "CompletionRequest"]
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    model: ModelName
+    prompt: str | list[str]
+    best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    echo: bool = False
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    max_tokens: MaxTokens = 16
+    # --- Shoal extensions -------------------------------------------------------------
+    shoal: ShoalOptions | None = None
+    """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
+
+    def prompts(self) -> list[str]:
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not prompts:
+            raise InvalidRequestError("'prompt' must not be empty", param="prompt")
+        return prompts
+
+    def to_jobs(self, env: Envelope, context: int) -> list[GenerateJob]:
+        """One job per prompt, `n` choices each; choice `p * n + j` is prompt p's j-th."""
+        self.reject_unsupported()
+        if self.best_of not in (None, self.n):
+            raise InvalidRequestError(
+                "'best_of' other than 'n' is not supported",
+                param="best_of",
+                code="unsupported_parameter",
+            )
+        if self.max_tokens > context:
+            raise InvalidRequestError(
+                f"max_tokens is {self.max_tokens}, more than the model's context of {context}",
+                param="max_tokens",
+            )
+        logprobs = self.logprobs is not None
+        sampling = self.sampling(self.max_tokens, logprobs, self.logprobs or 0, "")
+        return [
+            GenerateJob(
+                **env.job_fields(part, part * self.n),
+                prompt=prompt,
+                n=self.n,
+                sampling=sampling,
+                echo=self.echo,
+            )
+            for part, prompt in enumerate(self.prompts())
+        ]
+
+
+class LegacyLogprobs(msgspec.Struct):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, logprobs: list[TokenLogprob], start: int) -> LegacyLogprobs:
+        offsets = []
+        at = start
+        for lp in logprobs:
+            offsets.append(at)
+            at += len(bytes(lp.bytes).decode("utf-8", "replace")) if lp.bytes else len(lp.token)
+        return cls(
+            tokens=[lp.token for lp in logprobs],
+            token_logprobs=[lp.logprob for lp in logprobs],
+            top_logprobs=[{t: v for t, v, _ in lp.top} for lp in logprobs],
+            text_offset=offsets,
+        )
+
+
+class CompletionChoice(msgspec.Struct):
+    text: str
+    index: int
+    logprobs: LegacyLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(msgspec.Struct):
+    id: str
+    choices: list[CompletionChoice]
+    created: int
+    model: str
+    usage: Usage
+    object: Literal["text_completion"] = "text_completion"
+
+    @classmethod
+    def collect(
+        cls,
+        completion_id: str,
+        model: str,
+        deltas: list[ChoiceDelta],
+        n: int,
+        with_logprobs: bool,
+        prompts: list[str],
+        usage: Usage,
+    ) -> Completion:
+        """`prompts[i]` is the echoed prompt of choice i ("" without echo)."""
+        texts = list(prompts)
+        lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        finish = ["stop"] * n
+        for d in deltas:
+            texts[d.index] += d.text
+            lps[d.index].extend(d.logprobs)
+            if d.finish_reason:
+                finish[d.index] = d.finish_reason
+        choices = [
+            CompletionChoice(
+                texts[i],
+                i,
+                LegacyLogprobs.of(lps[i], len(prompts[i])) if with_logprobs else None,
+                finish[i],
+            )
+            for i in range(n)
+        ]
+        return cls(
+            id=completion_id, choices=choices, created=int(time.time()), model=model, usage=usage
+        )
+
+
+class CompletionChunk(msgspec.Struct):
+    id: str
+    choices: list[CompletionChoice]
+    created: int
+    model: str
+    usage: Usage | None = None
+    object: Literal["text_completion"] = "text_completion"

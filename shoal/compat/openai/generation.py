@@ -1,0 +1,185 @@
+"""What chat and completion requests share: sampling parameters, unsupported parameters,
+`response_format`, logprobs, and the conversion to `Sampling`."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from ...queue.messages import Sampling, TokenLogprob
+from ..errors import InvalidRequestError
+
+__all__ = [
+    "JsonSchemaFormat",
+    "ResponseFormat",
+    "SamplingFields",
+    "StreamOptions",
+    "TopLogprob",
+    "Usage",
+    "chat_logprob",
+    "check_json_schema",
+]
+
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+N = Annotated[int, msgspec.Meta(ge=1, le=128)]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def schema_text(self) -> str:
+        """The JSON schema the output must match ("" for plain text).
+
+        Raises:
+            InvalidRequestError: json_schema without a usable schema.
+        """
+        if self.type == "text":
+            return ""
+        if self.type == "json_object":
+            return '{"type": "object"}'
+        if self.json_schema is None or self.json_schema.schema is None:
+            raise InvalidRequestError(
+                "response_format json_schema needs 'json_schema.schema'",
+                param="response_format.json_schema",
+            )
+        text = json.dumps(self.json_schema.schema)
+        check_json_schema(text)
+        return text
+
+
+def check_json_schema(text: str) -> None:
+    """Raises InvalidRequestError unless constrained decoding can compile the schema."""
+    from llguidance import LLMatcher
+
+    error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(text))
+    if error:
+        raise InvalidRequestError(
+            f"response_format json_schema cannot be used: {error}",
+            param="response_format.json_schema.schema",
+            code="invalid_json_schema",
+        )
+
+
+# OpenAI parameters Shoal does not support yet; each one would change the output, so
+# a request that sets one gets a 400 naming it instead of having it silently ignored.
+UNSUPPORTED = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "logit_bias",
+    "audio",
+    "modalities",
+    "prediction",
+    "web_search_options",
+    "suffix",
+)
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """Fields both chat and completions take (OpenAI reference order)."""
+
+    frequency_penalty: Penalty = 0.0
+    n: N = 1
+    presence_penalty: Penalty = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    user: str | None = None
+    # Set -> 400 (see UNSUPPORTED).
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    logit_bias: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    suffix: Any = None
+
+    def reject_unsupported(self) -> None:
+        for name in UNSUPPORTED:
+            value = getattr(self, name)
+            if value not in (None, [], {}, "none", "text", ["text"]):
+                raise InvalidRequestError(
+                    f"'{name}' is not supported by this server yet",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 16 or any(not s for s in stops):
+            raise InvalidRequestError("'stop' takes up to 16 non-empty strings", param="stop")
+        return stops
+
+    def sampling(
+        self, max_tokens: int, logprobs: bool, top_logprobs: int, json_schema: str
+    ) -> Sampling:
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed if self.seed is not None else random.getrandbits(31),
+            stop=self.stops(),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            json_schema=json_schema,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt: int, completion: int) -> Usage:
+        return cls(prompt, completion, prompt + completion)
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+def chat_logprob(lp: TokenLogprob) -> ChatLogprob:
+    return ChatLogprob(lp.token, lp.logprob, lp.bytes, [TopLogprob(t, v, b) for t, v, b in lp.top])

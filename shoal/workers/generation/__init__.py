@@ -1,0 +1,1 @@
+"""Generation workers: continuous batching on transformers, or a supervised SGLang server."""
