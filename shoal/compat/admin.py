@@ -9,7 +9,7 @@ import msgspec
 from ..model_registry import AdapterSpec, ModelSpec
 from ..queue.messages import WorkerHeartbeat
 
-__all__ = ["AdapterRegistration", "ModelInfo", "ModelInfoList", "WorkerStatus"]
+__all__ = ["AdapterRegistration", "ModelInfo", "ModelInfoList", "WorkerInfo", "WorkerStatus"]
 
 RegisteredId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
 
@@ -34,5 +34,25 @@ class ModelInfoList(msgspec.Struct):
     object: Literal["list"] = "list"
 
 
+class WorkerInfo(msgspec.Struct, kw_only=True):
+    """A worker as its last heartbeat described it, every field present."""
+
+    worker_id: str
+    models: list[str]
+    state: str
+    sent_at: float
+    resident: list[str]
+    resident_bytes: int
+    memory_budget: int
+    loads: int
+    evictions: int
+    batch_max: int
+    active: int
+
+    @classmethod
+    def of(cls, beat: WorkerHeartbeat) -> WorkerInfo:
+        return cls(**msgspec.structs.asdict(beat))
+
+
 class WorkerStatus(msgspec.Struct):
-    workers: list[WorkerHeartbeat]
+    workers: list[WorkerInfo]

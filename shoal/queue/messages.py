@@ -349,6 +349,8 @@ class WorkerHeartbeat(_Wire, tag="heartbeat"):
     evictions: int = 0
     batch_max: int = 0
     """Generation: the largest batch one decode step has run."""
+    active: int = 0
+    """Generation: sequences running or waiting for a slot now."""
 
 
 class JobHeader(msgspec.Struct):

@@ -12,7 +12,13 @@ import re
 
 from litestar import Controller, delete, get, post
 
-from ...compat.admin import AdapterRegistration, ModelInfo, ModelInfoList, WorkerStatus
+from ...compat.admin import (
+    AdapterRegistration,
+    ModelInfo,
+    ModelInfoList,
+    WorkerInfo,
+    WorkerStatus,
+)
 from ...compat.errors import ConflictError, InvalidRequestError, ModelNotFoundError, NotFoundError
 from ...model_registry import (
     AdapterSpec,
@@ -114,4 +120,5 @@ class AdminController(Controller):
 
     @get("/status", summary="Workers: what each serves, holds in memory, loaded, evicted")
     async def status(self, runtime: RuntimeDep) -> WorkerStatus:
-        return WorkerStatus(sorted(runtime.dispatcher.live_workers(), key=lambda w: w.worker_id))
+        beats = sorted(runtime.dispatcher.live_workers(), key=lambda w: w.worker_id)
+        return WorkerStatus([WorkerInfo.of(beat) for beat in beats])

@@ -61,6 +61,7 @@ class _Running:
         self.completion_tokens = 0
         self.open = set(range(job.first_index, job.first_index + job.n))
         self.last_progress = time.monotonic()
+        """When the queue last heard this job is alive (`in_progress`), not token progress."""
         self.settled = False
 
 
@@ -257,6 +258,12 @@ class GenerationWorker:
                     "term",
                 )
                 return
+        same = self._running_part(job)
+        if same is not None:
+            # A redelivery of a job still running here (its progress signal came late):
+            # keep generating once, and settle through the newer delivery.
+            same.delivery = delivery
+            return
         running = _Running(delivery, job, len(ids))
         self._jobs[running.key] = running
         self._by_request.setdefault(job.request_id, []).append(running.key)
@@ -310,7 +317,6 @@ class GenerationWorker:
                 running.open.discard(e.choice)
         done = not running.open
         await self._publish(running, deltas, done=done)
-        running.last_progress = time.monotonic()
         if done:
             await self._settle(running, "ack")
             model.room.set()
@@ -384,6 +390,13 @@ class GenerationWorker:
         if not keys:
             self._by_request.pop(running.job.request_id, None)
 
+    def _running_part(self, job: GenerateJob) -> _Running | None:
+        for key in self._by_request.get(job.request_id, []):
+            running = self._jobs.get(key)
+            if running is not None and running.job.part == job.part:
+                return running
+        return None
+
     def _on_cancel(self, payload: bytes) -> None:
         request_id = payload.decode(errors="replace")
         for key in list(self._by_request.get(request_id, [])):
@@ -424,6 +437,7 @@ class GenerationWorker:
             sent_at=time.time(),
             resident=sorted(self._models),
             batch_max=max((m.runtime.max_batch for m in self._models.values()), default=0),
+            active=sum(m.runtime.running for m in self._models.values()),
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.heartbeat, encode(beat))

