@@ -334,3 +334,41 @@ def test_a_prompt_longer_than_the_context_is_400_with_the_counts(stack) -> None:
     )
     error = check_error(r, 400)
     assert "tokens" in error["message"] and "2048" in error["message"]
+
+
+def test_a_lora_adapter_for_generation_is_served_as_peft_computes_it(
+    stack, client, lm_dir, tmp_path
+) -> None:
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(lm_dir)
+    config = LoraConfig(
+        r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    get_peft_model(base, config).save_pretrained(str(tmp_path / "lora"))
+    r = httpx.post(
+        f"{stack}/admin/v1/models/{GEN_MODEL}/adapters",
+        json={"name": "story", "source": str(tmp_path / "lora")},
+    )
+    assert r.status_code == 201, r.text
+
+    tuned = client.chat.completions.create(
+        model=f"{GEN_MODEL}:story", messages=QUESTION, max_tokens=12, temperature=0
+    )
+    plain = client.chat.completions.create(
+        model=GEN_MODEL, messages=QUESTION, max_tokens=12, temperature=0
+    )
+    tokenizer = AutoTokenizer.from_pretrained(lm_dir)
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(lm_dir), str(tmp_path / "lora")
+    ).eval()
+    ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt")[
+        "input_ids"
+    ]
+    out = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False)
+    want = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert tuned.choices[0].message.content == want
+    assert tuned.choices[0].message.content != plain.choices[0].message.content

@@ -91,7 +91,7 @@ class AdminController(Controller):
         self, model_id: str, data: AdapterRegistration, runtime: RuntimeDep
     ) -> AdapterSpec:
         spec = runtime.resolve(model_id, op=None).spec
-        if spec.runtime not in ("sentence-transformers", "transformers"):
+        if spec.runtime not in ("sentence-transformers", "transformers", "sglang"):
             raise InvalidRequestError(
                 f"model '{spec.id}' (runtime {spec.runtime}) cannot take LoRA adapters",
                 param="model",

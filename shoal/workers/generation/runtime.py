@@ -10,7 +10,17 @@ from ...model_registry import ModelSpec
 from ...queue.messages import ChatTurn
 from .engine import Engine, SequenceRequest, TokenEvent
 
-__all__ = ["GenerationRuntime", "TransformersRuntime"]
+__all__ = ["GenerationRuntime", "TransformersRuntime", "chat_prompt_ids"]
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[ChatTurn], prompt: str) -> list[int]:
+    """A chat's tokens through the model's chat template, or a completion prompt's."""
+    if messages:
+        turns = [{"role": m.role, "content": m.content} for m in messages]
+        encoded = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+        return list(ids)
+    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 class GenerationRuntime(ABC):
@@ -106,18 +116,7 @@ class TransformersRuntime(GenerationRuntime):
         return self._context
 
     def prompt_ids(self, messages: Sequence[ChatTurn], prompt: str) -> list[int]:
-        if messages:
-            turns = [{"role": m.role, "content": m.content} for m in messages]
-            encoded = self.tokenizer.apply_chat_template(
-                turns, add_generation_prompt=True, tokenize=True
-            )
-            ids = (
-                encoded["input_ids"]
-                if isinstance(encoded, dict) or hasattr(encoded, "keys")
-                else encoded
-            )
-            return list(ids)
-        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return chat_prompt_ids(self.tokenizer, messages, prompt)
 
     def submit(self, requests: list[SequenceRequest]) -> None:
         assert self.engine is not None
