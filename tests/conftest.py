@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from shoal.queue.embedded import EmbeddedNats, nats_server_binary
-from tests.helpers import GEN_MODEL, MODEL, start_gateway, start_worker, wait_ready, wait_until
+from tests.helpers import (
+    GEN_MODEL,
+    MODEL,
+    model_ready,
+    start_gateway,
+    start_worker,
+    wait_ready,
+    wait_until,
+)
 from tests.task_models import TASK_MODELS, build_task_models
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -82,22 +90,12 @@ def stack(session_nats: EmbeddedNats, session_dir: Path, task_models: Path) -> I
     gateway, base = start_gateway(session_nats.url, session_dir, env)
     try:
         wait_ready(base, worker)
-        wait_until(lambda: _model_ready(base, GEN_MODEL), 300, generator, "generation worker")
+        wait_until(lambda: model_ready(base, GEN_MODEL), 300, generator, "generation worker")
         yield base
     finally:
         gateway.stop()
         generator.stop()
         worker.stop()
-
-
-def _model_ready(base: str, model: str) -> bool:
-    import httpx
-
-    try:
-        models = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
-    except httpx.HTTPError:
-        return False
-    return any(m["id"] == model and m["ready"] for m in models)
 
 
 @pytest.fixture(scope="session")

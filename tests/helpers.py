@@ -216,3 +216,23 @@ class S3Server:
                 self.process.wait()
         if getattr(self, "_log", None):
             self._log.close()
+
+
+def model_ready(base: str, model: str) -> bool:
+    """Whether `/v1/models` says a live worker has `model` loaded."""
+    try:
+        models = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
+    except httpx.HTTPError:
+        return False
+    return any(m["id"] == model and m["ready"] for m in models)
+
+
+def rounded(value, places: int = 4):
+    """`value` with every float rounded: scores may differ in the last bits between batches."""
+    if isinstance(value, float):
+        return round(value, places)
+    if isinstance(value, list):
+        return [rounded(v, places) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v, places) for k, v in value.items()}
+    return value

@@ -71,7 +71,9 @@ class _Wire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     pass
 
 
-class EmbedJob(_Wire, tag="embed"):
+class _JobCommon(_Wire):
+    """Fields every job has."""
+
     request_id: str
     part: int
     """Position of this item among the request's items; replies are reassembled by it."""
@@ -79,6 +81,26 @@ class EmbedJob(_Wire, tag="embed"):
     reply_to: str
     deadline: float
     """Unix time after which nobody waits for the answer."""
+    first_index: int = 0
+    """Position of this item's first input in the request (error messages, choice
+    indexes)."""
+    adapter: str = ""
+    """A LoRA adapter of the model to run with; empty: the base model."""
+
+
+class _ResultCommon(_Wire):
+    """Fields every result has."""
+
+    request_id: str
+    part: int
+    prompt_tokens: int = 0
+    queue_ms: float = 0.0
+    """From publish to the worker's pull."""
+    inference_ms: float = 0.0
+    """From the pull to the result (batching, forward pass, post-processing)."""
+
+
+class EmbedJob(_JobCommon, tag="embed", kw_only=True):
     texts: list[str] = []
     token_ids: list[list[int]] = []
     """Pre-tokenized inputs (the model's own vocabulary), instead of `texts`."""
@@ -87,18 +109,9 @@ class EmbedJob(_Wire, tag="embed"):
     truncate: bool = True
     """Cut inputs longer than the model's max length; False makes them an error."""
     dtype: Dtype = "float32"
-    first_index: int = 0
-    """Position of this item's first input in the request, for error messages."""
-    adapter: str = ""
-    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
-class MultiVectorJob(_Wire, tag="multivector"):
-    request_id: str
-    part: int
-    model: str
-    reply_to: str
-    deadline: float
+class MultiVectorJob(_JobCommon, tag="multivector", kw_only=True):
     texts: list[str]
     truncate: bool = True
     normalize: bool = True
@@ -106,62 +119,35 @@ class MultiVectorJob(_Wire, tag="multivector"):
     """Leave out special tokens ([CLS], [SEP], ...)."""
     skip_punctuation: bool = False
     dtype: Dtype = "float32"
-    first_index: int = 0
-    adapter: str = ""
-    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
-class NerJob(_Wire, tag="ner"):
-    request_id: str
-    part: int
-    model: str
-    reply_to: str
-    deadline: float
+class NerJob(_JobCommon, tag="ner", kw_only=True):
     texts: list[str]
     aggregation: Literal["none", "simple", "first", "max", "average"] = "simple"
     labels: list[str] = []
     """Keep only entities with these labels; empty keeps all but `O`."""
     threshold: float = 0.0
-    first_index: int = 0
-    adapter: str = ""
-    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
-class ClassifyJob(_Wire, tag="classify"):
-    request_id: str
-    part: int
-    model: str
-    reply_to: str
-    deadline: float
+class ClassifyJob(_JobCommon, tag="classify", kw_only=True):
     texts: list[str]
     top_k: int = 0
     """Labels per text, best first; 0 keeps all."""
     truncate: bool = True
-    first_index: int = 0
-    adapter: str = ""
-    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
-class RerankJob(_Wire, tag="rerank"):
-    request_id: str
-    part: int
-    model: str
-    reply_to: str
-    deadline: float
+class RerankJob(_JobCommon, tag="rerank", kw_only=True):
     query: str
     documents: list[str]
     truncate: bool = True
-    first_index: int = 0
-    adapter: str = ""
-    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
-class ChatTurn(_Wire, tag="turn"):
+class ChatTurn(_Wire, tag="turn", kw_only=True):
     role: Literal["system", "developer", "user", "assistant"]
     content: str
 
 
-class Sampling(_Wire, tag="sampling"):
+class Sampling(_Wire, tag="sampling", kw_only=True):
     """How to sample, as the OpenAI parameters say it (the gateway has validated them)."""
 
     max_tokens: int = 16
@@ -179,12 +165,7 @@ class Sampling(_Wire, tag="sampling"):
     """A JSON schema (JSON text) the output must match; `{"type": "object"}` for json_object."""
 
 
-class GenerateJob(_Wire, tag="generate"):
-    request_id: str
-    part: int
-    model: str
-    reply_to: str
-    deadline: float
+class GenerateJob(_JobCommon, tag="generate", kw_only=True):
     messages: list[ChatTurn] = []
     """A chat: the worker applies the model's chat template."""
     prompt: str = ""
@@ -193,9 +174,6 @@ class GenerateJob(_Wire, tag="generate"):
     """Choices to generate from this prompt; their indexes start at `first_index`."""
     sampling: Sampling = Sampling()
     echo: bool = False
-    first_index: int = 0
-    adapter: str = ""
-    """A LoRA adapter of the model to run with; empty: the base model."""
 
 
 Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob | GenerateJob
@@ -211,35 +189,23 @@ OP_OF_JOB: dict[type, str] = {
 """The op (subject token, batcher key) each job type is."""
 
 
-class EmbedResult(_Wire, tag="embed_result"):
-    request_id: str
-    part: int
+class EmbedResult(_ResultCommon, tag="embed_result", kw_only=True):
     data: bytes
     rows: int
     dims: int
     dtype: Dtype = "float32"
-    prompt_tokens: int = 0
-    queue_ms: float = 0.0
-    """From publish to the worker's pull."""
-    inference_ms: float = 0.0
-    """From the pull to the result (batching, forward pass, post-processing)."""
 
 
-class MultiVectorResult(_Wire, tag="multivector_result"):
+class MultiVectorResult(_ResultCommon, tag="multivector_result", kw_only=True):
     """Each text's token vectors, concatenated: `counts[i]` rows for text i, `dims` wide."""
 
-    request_id: str
-    part: int
     data: bytes
     counts: list[int]
     dims: int
     dtype: Dtype = "float32"
-    prompt_tokens: int = 0
-    queue_ms: float = 0.0
-    inference_ms: float = 0.0
 
 
-class Entity(_Wire, tag="entity"):
+class Entity(_Wire, tag="entity", kw_only=True):
     label: str
     start: int
     """Character offsets into the original text: `text[start:end]` is the entity."""
@@ -247,41 +213,26 @@ class Entity(_Wire, tag="entity"):
     score: float
 
 
-class NerResult(_Wire, tag="ner_result"):
-    request_id: str
-    part: int
+class NerResult(_ResultCommon, tag="ner_result", kw_only=True):
     entities: list[list[Entity]]
-    prompt_tokens: int = 0
-    queue_ms: float = 0.0
-    inference_ms: float = 0.0
 
 
-class LabelScore(_Wire, tag="label"):
+class LabelScore(_Wire, tag="label", kw_only=True):
     label: str
     score: float
 
 
-class ClassifyResult(_Wire, tag="classify_result"):
-    request_id: str
-    part: int
+class ClassifyResult(_ResultCommon, tag="classify_result", kw_only=True):
     labels: list[list[LabelScore]]
-    prompt_tokens: int = 0
-    queue_ms: float = 0.0
-    inference_ms: float = 0.0
 
 
-class ScoresResult(_Wire, tag="scores_result"):
+class ScoresResult(_ResultCommon, tag="scores_result", kw_only=True):
     """One relevance score per document of a rerank item, in the item's order."""
 
-    request_id: str
-    part: int
     scores: list[float]
-    prompt_tokens: int = 0
-    queue_ms: float = 0.0
-    inference_ms: float = 0.0
 
 
-class TokenLogprob(_Wire, tag="logprob"):
+class TokenLogprob(_Wire, tag="logprob", kw_only=True):
     token: str
     logprob: float
     bytes: list[int]
@@ -289,7 +240,7 @@ class TokenLogprob(_Wire, tag="logprob"):
     """The most likely tokens at this position: (token, logprob, UTF-8 bytes)."""
 
 
-class ChoiceDelta(_Wire, tag="delta"):
+class ChoiceDelta(_Wire, tag="delta", kw_only=True):
     index: int
     text: str = ""
     logprobs: list[TokenLogprob] = []
@@ -297,7 +248,7 @@ class ChoiceDelta(_Wire, tag="delta"):
     """Set on a choice's last delta: `stop` or `length`."""
 
 
-class GenerateChunk(_Wire, tag="gen_chunk"):
+class GenerateChunk(_Wire, tag="gen_chunk", kw_only=True):
     """Part of a generation, in order: `seq` counts an attempt's chunks from 0. A job
     redelivered after a crash starts a new `attempt`; the gateway forwards only text
     past what it already sent, after checking the new attempt reproduces it."""
@@ -315,7 +266,7 @@ class GenerateChunk(_Wire, tag="gen_chunk"):
     """The prompt as the model saw it, on the first chunk when the job asked to echo."""
 
 
-class JobFailed(_Wire, tag="failed"):
+class JobFailed(_Wire, tag="failed", kw_only=True):
     request_id: str
     part: int
     kind: ErrorKind
@@ -335,7 +286,7 @@ Reply = (
 )
 
 
-class WorkerHeartbeat(_Wire, tag="heartbeat"):
+class WorkerHeartbeat(_Wire, tag="heartbeat", kw_only=True):
     worker_id: str
     models: list[str]
     """What the worker serves: model ids, or `*` for every registered model."""

@@ -13,7 +13,7 @@ from ..model_registry import LiveRegistry, ModelRegistry
 from ..queue import Bus, QueueUnavailableError
 from .encoder_worker import EncoderWorker
 
-__all__ = ["run_worker"]
+__all__ = ["run_loop", "run_worker", "serve_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,10 @@ def run_worker(settings: Settings) -> None:
         import torch
 
         torch.set_num_threads(settings.worker.threads)
-    _run(_serve(settings, static))
+    run_loop(serve_worker(settings, static))
 
 
-def _run(main: Coroutine[Any, Any, None]) -> None:
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
     try:
         import uvloop
 
@@ -40,7 +40,10 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
 
 
-async def _serve(settings: Settings, static: ModelRegistry) -> None:
+async def serve_worker(
+    settings: Settings, static: ModelRegistry, worker: type = EncoderWorker
+) -> None:
+    """Run one worker of class `worker` (encoder or generation) until SIGINT/SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -49,7 +52,7 @@ async def _serve(settings: Settings, static: ModelRegistry) -> None:
     try:
         registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
         await registry.start()
-        await EncoderWorker(settings, bus, registry).run(stop)
+        await worker(settings, bus, registry).run(stop)
     finally:
         await bus.close()
 

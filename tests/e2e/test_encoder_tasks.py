@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from tests.helpers import rounded
 from tests.task_models import NER_STRIDE, PROJECTION_DIMS
 
 pytestmark = pytest.mark.slow
@@ -299,17 +300,7 @@ async def test_mixed_traffic_on_one_worker(stack) -> None:
             elif path == "/v1/rerank":
                 assert [x["index"] for x in got["results"]] == [x["index"] for x in want["results"]]
             else:
-                assert _rounded(got) == _rounded(want), path
-
-
-def _rounded(value):
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, list):
-        return [_rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return value
+                assert rounded(got) == rounded(want), path
 
 
 @pytest.mark.parametrize(

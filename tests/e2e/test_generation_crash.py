@@ -7,17 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.helpers import GEN_MODEL, start_gateway, start_worker, wait_until
+from tests.helpers import GEN_MODEL, model_ready, start_gateway, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def _ready(base: str) -> bool:
-    try:
-        models = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
-    except httpx.HTTPError:
-        return False
-    return any(m["id"] == GEN_MODEL and m["ready"] for m in models)
 
 
 def test_kill_9_mid_stream_then_the_stream_completes_without_duplication(
@@ -37,7 +29,7 @@ def test_kill_9_mid_stream_then_the_stream_completes_without_duplication(
     )
     second = None
     try:
-        wait_until(lambda: _ready(base), 180, first, "first generation worker")
+        wait_until(lambda: model_ready(base, GEN_MODEL), 180, first, "first generation worker")
         body = {
             "model": GEN_MODEL,
             "max_tokens": 150,

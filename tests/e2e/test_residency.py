@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_errors import check_error
-from tests.helpers import MODEL, start_gateway, start_worker, wait_ready, wait_until
+from tests.helpers import MODEL, rounded, start_gateway, start_worker, wait_ready, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_round_robin_over_three_models_with_room_for_two(nats_server, tmp_path, 
         first = {model: call(model) for model in CALLS}
         for _ in range(3):
             for model in CALLS:
-                assert _normalized(call(model)) == _normalized(first[model])
+                assert rounded(call(model)) == rounded(first[model])
                 status = _status(base)
                 assert MODEL in status["resident"]  # pinned: never evicted
                 assert status["resident_bytes"] <= BUDGET
@@ -85,13 +85,3 @@ def test_a_model_that_cannot_fit_alone_is_a_clear_error(nats_server, tmp_path, t
 
 def _has_worker(base: str) -> bool:
     return bool(httpx.get(f"{base}/admin/v1/status").json()["workers"])
-
-
-def _normalized(value):
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, list):
-        return [_normalized(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _normalized(v) for k, v in value.items()}
-    return value

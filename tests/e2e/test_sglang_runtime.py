@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import start_gateway, start_worker, wait_until
+from tests.helpers import model_ready, start_gateway, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -62,22 +62,12 @@ def double_stack(tmp_path_factory, lm_dir):
         nats.url, root, {**env, "SHOAL_GATEWAY__NO_WORKER_POLICY": "queue"}
     )
     try:
-        wait_until(lambda: _ready(base), 120, worker, "SGLang runtime")
+        wait_until(lambda: model_ready(base, MODEL), 120, worker, "SGLang runtime")
         yield base, worker, model_dir
     finally:
         gateway.stop()
         worker.stop()
         nats.stop()
-
-
-def _ready(base: str) -> bool:
-    try:
-        return any(
-            m["id"] == MODEL and m["ready"]
-            for m in httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
-        )
-    except httpx.HTTPError:
-        return False
 
 
 def _double_url(worker) -> str:

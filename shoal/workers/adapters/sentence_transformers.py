@@ -23,7 +23,8 @@ from sentence_transformers import SentenceTransformer
 from ...model_registry import ModelSpec
 from ...queue.messages import EmbedJob, Job, MultiVectorJob
 from ._tokenize import FastTokenizer
-from .base import EncoderAdapter, Tokenized, pad_batch
+from ._torch import TorchAdapter
+from .base import Tokenized, pad_batch
 from .lora import LoraSlots
 
 __all__ = ["SentenceTransformerAdapter", "pick_device"]
@@ -37,7 +38,7 @@ def pick_device(setting: str) -> str:
     return setting
 
 
-class SentenceTransformerAdapter(EncoderAdapter):
+class SentenceTransformerAdapter(TorchAdapter):
     ops = frozenset({"embed", "multivector"})
 
     def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
@@ -145,14 +146,3 @@ class SentenceTransformerAdapter(EncoderAdapter):
             n = len(tok.ids)
             rows.append(tokens[i, width - n :] if self.tokenizer.pad_left else tokens[i, :n])
         return rows
-
-    def memory_bytes(self) -> int:
-        assert self.model is not None
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    def unload(self) -> None:
-        self.model = None
-        self.lora = None
-        if self.device.startswith("cuda"):
-            torch.cuda.empty_cache()

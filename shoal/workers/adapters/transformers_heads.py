@@ -23,14 +23,15 @@ from ...model_registry import ModelSpec
 from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob
 from ..ner import LabelTable
 from ._tokenize import FastTokenizer
-from .base import EncoderAdapter, Tokenized, pad_batch
+from ._torch import TorchAdapter
+from .base import Tokenized, pad_batch
 from .lora import LoraSlots
 from .sentence_transformers import pick_device
 
 __all__ = ["TransformersHeadAdapter"]
 
 
-class TransformersHeadAdapter(EncoderAdapter):
+class TransformersHeadAdapter(TorchAdapter):
     ops = frozenset({"ner", "classify", "rerank"})
 
     def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
@@ -123,14 +124,3 @@ class TransformersHeadAdapter(EncoderAdapter):
             logits[i, width - len(t.ids) :] if left else logits[i, : len(t.ids)]
             for i, t in enumerate(batch)
         ]
-
-    def memory_bytes(self) -> int:
-        assert self.model is not None
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    def unload(self) -> None:
-        self.model = None
-        self.lora = None
-        if self.device.startswith("cuda"):
-            torch.cuda.empty_cache()
