@@ -1,4 +1,4 @@
-"""The `shoal` command: serve | gateway | worker."""
+"""The `shoal` command: serve | gateway | worker | batch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import sys
 
 from . import __version__
+from .batch_cli import add_batch_commands, run_batch_command
 from .config import Settings, load_settings
 
 __all__ = ["main"]
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--models", help="comma-separated model ids")
     worker.add_argument("--nats-url")
     worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    add_batch_commands(sub)
     return parser
 
 
@@ -71,6 +73,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "batch":
+        return run_batch_command(args)
     try:
         settings = _settings(args)
     except (ValueError, OSError) as exc:

@@ -20,9 +20,11 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "BatchSettings",
     "GatewaySettings",
     "GeneratorSettings",
     "NatsSettings",
+    "ObjectStoreSettings",
     "S3Settings",
     "Settings",
     "WorkerSettings",
@@ -40,6 +42,10 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The JetStream work stream (WorkQueue retention)."""
     registry_bucket: str = "SHOAL_REGISTRY"
     """The key-value bucket holding models and adapters registered at run time."""
+    files_bucket: str = "SHOAL_FILES"
+    """Uploaded files' metadata (their bytes live in the object store)."""
+    batches_bucket: str = "SHOAL_BATCHES"
+    """Batch jobs: state, progress counts and the lease of the runner working on each."""
     subject_prefix: str = "shoal"
     """First token of every Shoal subject, so several deployments can share a cluster."""
     storage: Literal["file", "memory"] = "file"
@@ -82,14 +88,53 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class S3Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Where `s3://` model and adapter sources are read from. Empty fields leave boto3 its
-    usual configuration chain (AWS_* variables, ~/.aws, instance roles)."""
+    """How S3 is reached, for `s3://` model and adapter sources and the `s3` object store.
+    Empty fields leave boto3 its usual configuration chain (AWS_* variables, ~/.aws,
+    instance roles)."""
 
     endpoint_url: str = ""
     """An S3-compatible endpoint (SeaweedFS, MinIO, ...); empty: AWS."""
     region: str = ""
     access_key_id: str = ""
     secret_access_key: str = ""
+
+
+class ObjectStoreSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where uploaded files and batch outputs live."""
+
+    backend: Literal["local", "s3"] = "local"
+    """`local`: a directory, for one machine; `s3`: a bucket (with the `s3` settings),
+    shared by every gateway of a cluster."""
+    local_dir: str = ""
+    """The `local` directory; default `data_dir/objects`."""
+    bucket: str = "shoal"
+    """The `s3` bucket (created if missing)."""
+    prefix: str = ""
+    """Key prefix inside the bucket, so deployments can share one."""
+
+
+class BatchSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The Files and Batches API and the batch runner that gateways run."""
+
+    run_batches: bool = True
+    """Whether this gateway runs batches (any number of gateways may: they share the work
+    through leases in JetStream KV)."""
+    max_file_bytes: int = 8 << 30
+    """Largest upload to /v1/files."""
+    max_in_flight: int = 512
+    """Requests of one batch queued or running at once (flow control)."""
+    max_batches_running: int = 4
+    """Batches one runner works on at once."""
+    lease_seconds: float = 15.0
+    """A runner that stops renewing its lease this long loses the batch to another."""
+    flush_seconds: float = 1.0
+    """How often finished lines are saved to the object store (what a restart keeps)."""
+    item_timeout: float = 3600.0
+    """Seconds one batch request may wait and run before it is retried."""
+    cancel_grace: float = 10.0
+    """Seconds in-flight requests of a cancelled batch get to finish."""
+    max_validation_errors: int = 1000
+    """Errors reported per failed validation (the rest are counted)."""
 
 
 class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -140,6 +185,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Whether `shoal serve` starts a generation worker beside the encoder worker."""
     nats: NatsSettings = msgspec.field(default_factory=NatsSettings)
     s3: S3Settings = msgspec.field(default_factory=S3Settings)
+    objects: ObjectStoreSettings = msgspec.field(default_factory=ObjectStoreSettings)
+    batches: BatchSettings = msgspec.field(default_factory=BatchSettings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     generator: GeneratorSettings = msgspec.field(default_factory=GeneratorSettings)

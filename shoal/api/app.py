@@ -13,10 +13,12 @@ from ..config import Settings
 from .errors import exception_handlers
 from .routes import (
     AdminController,
+    BatchesController,
     ChatController,
     ClassifyController,
     CompletionsController,
     EmbeddingsController,
+    FilesController,
     HealthController,
     ModelsController,
     MultiVectorController,
@@ -47,6 +49,8 @@ def create_app(settings: Settings) -> Litestar:
             NativeController,
             HealthController,
             AdminController,
+            FilesController,
+            BatchesController,
         ],
         dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
         lifespan=[runtime_lifespan(settings)],

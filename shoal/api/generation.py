@@ -40,7 +40,7 @@ class Generation:
 
     async def __aiter__(self) -> AsyncIterator[list[ChoiceDelta]]:
         queue: asyncio.Queue = asyncio.Queue()
-        deadline = time.time() + self._runtime.settings.gateway.request_timeout
+        deadline = time.time() + self._runtime.request_timeout
         tasks = [asyncio.create_task(self._run(job, queue, deadline)) for job in self._jobs]
         try:
             running = len(tasks)
@@ -64,7 +64,7 @@ class Generation:
         assembler = StreamAssembler(job.first_index, job.n)
         try:
             stream = dispatcher.stream(
-                request_id, _with_id(job, request_id), "interactive", deadline
+                request_id, _with_id(job, request_id), self._runtime.lane, deadline
             )
             async with contextlib.aclosing(stream):
                 async for chunk in stream:

@@ -8,6 +8,7 @@ typed dependency.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -48,12 +49,16 @@ from ..queue import (
     ErrorKind,
     Job,
     JobFailedError,
+    Lane,
     NoWorkerError,
     QueueFullError,
     QueueUnavailableError,
     Subjects,
 )
 from ..queue.messages import Result
+from ..queue.objects import open_object_store
+from .batches.store import BatchStore
+from .files import FileStore
 
 __all__ = ["Runtime", "RuntimeDep", "Target", "runtime_lifespan"]
 
@@ -75,14 +80,34 @@ class Target(msgspec.Struct, frozen=True):
 
 
 class Runtime:
-    def __init__(self, settings: Settings, registry: LiveRegistry, bus: Bus) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: LiveRegistry,
+        bus: Bus,
+        files: FileStore,
+        batches: BatchStore,
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.bus = bus
+        self.files = files
+        self.batches = batches
         subjects = Subjects(settings.nats.subject_prefix)
         self.dispatcher = Dispatcher(bus, subjects, settings.gateway, settings.nats)
         self.sources = SourceResolver(Path(settings.data_dir) / "cache", settings.s3)
         self.started_at = int(time.time())
+        self.lane: Lane = "interactive"
+        """Where this runtime's work goes; batch runs use a view on the batch lane."""
+        self.request_timeout = settings.gateway.request_timeout
+
+    def on_batch_lane(self, timeout: float) -> Runtime:
+        """A view sharing everything but where work goes (the low-priority batch lane,
+        which workers serve only with spare capacity) and how long a request may take."""
+        view = copy.copy(self)
+        view.lane = "batch"
+        view.request_timeout = timeout
+        return view
 
     @classmethod
     async def open(cls, settings: Settings, connect_for: float = 30.0) -> Runtime:
@@ -100,7 +125,10 @@ class Runtime:
                 await asyncio.sleep(0.5)
         registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
         await registry.start()
-        runtime = cls(settings, registry, bus)
+        objects = open_object_store(settings.objects, settings.s3, settings.data_dir)
+        files = FileStore(await bus.key_value(settings.nats.files_bucket), objects)
+        batches = BatchStore(await bus.key_value(settings.nats.batches_bucket))
+        runtime = cls(settings, registry, bus, files, batches)
         await runtime.dispatcher.start()
         return runtime
 
@@ -160,7 +188,7 @@ class Runtime:
         """A request's jobs, built for a new request id, this gateway's inbox and the
         request deadline."""
         dispatcher = self.dispatcher
-        deadline = time.time() + self.settings.gateway.request_timeout
+        deadline = time.time() + self.request_timeout
         env = Envelope(
             dispatcher.new_request_id(),
             target.spec.id,
@@ -176,7 +204,7 @@ class Runtime:
         jobs = self.prepare(target, build)
         try:
             return await self.dispatcher.submit(
-                jobs[0].request_id, jobs, "interactive", jobs[0].deadline
+                jobs[0].request_id, jobs, self.lane, jobs[0].deadline
             )
         except Exception as exc:
             raise as_shoal_error(exc, target.name) from exc
@@ -241,11 +269,18 @@ def as_shoal_error(exc: Exception, model: str) -> Exception:
 def runtime_lifespan(settings: Settings):
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        from .batches.runner import BatchRunner
+
         runtime = await Runtime.open(settings)
         app.state.runtime = runtime
+        runner = BatchRunner(runtime, settings.batches) if settings.batches.run_batches else None
+        if runner is not None:
+            runner.start()
         try:
             yield
         finally:
+            if runner is not None:
+                await runner.close()
             await runtime.close()
 
     return lifespan

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from ..config import S3Settings
+from ..s3 import s3_client
 
 __all__ = ["SourceError", "SourceResolver", "gguf_file", "resolve_source"]
 
@@ -61,18 +62,7 @@ class SourceResolver:
         self.s3 = s3 or S3Settings()
 
     def _client(self):
-        import boto3
-        from botocore.config import Config
-
-        s3 = self.s3
-        return boto3.client(
-            "s3",
-            endpoint_url=s3.endpoint_url or None,
-            region_name=s3.region or None,
-            aws_access_key_id=s3.access_key_id or None,
-            aws_secret_access_key=s3.secret_access_key or None,
-            config=Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2}),
-        )
+        return s3_client(self.s3)
 
     def check(self, source: str) -> None:
         """Raises SourceError unless `source` can be fetched (hub ids are not checked)."""

@@ -9,6 +9,7 @@ from .embedded import EmbeddedNats, free_port, nats_server_binary
 from .errors import (
     DeadlineExceededError,
     JobFailedError,
+    KeyConflictError,
     NoWorkerError,
     QueueError,
     QueueFullError,
@@ -44,6 +45,7 @@ __all__ = [
     "Job",
     "JobFailed",
     "JobFailedError",
+    "KeyConflictError",
     "Lane",
     "NoWorkerError",
     "QueueError",

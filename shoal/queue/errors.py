@@ -7,6 +7,7 @@ from .messages import JobFailed
 __all__ = [
     "DeadlineExceededError",
     "JobFailedError",
+    "KeyConflictError",
     "NoWorkerError",
     "QueueError",
     "QueueFullError",
@@ -41,6 +42,10 @@ class NoWorkerError(QueueError):
         super().__init__(model)
         self.model = model
         self.retry_after = retry_after
+
+
+class KeyConflictError(QueueError):
+    """A key-value create or compare-and-set lost to a concurrent writer."""
 
 
 class DeadlineExceededError(QueueError):

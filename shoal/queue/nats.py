@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from ..config import NatsSettings
-from .errors import QueueFullError, QueueUnavailableError
+from .errors import KeyConflictError, QueueFullError, QueueUnavailableError
 from .source import Delivery
 
 __all__ = [
@@ -146,8 +146,48 @@ class NatsKeyValue:
         self._kv = kv
         self._watch_task: asyncio.Task | None = None
 
-    async def put(self, key: str, value: bytes) -> None:
-        await self._kv.put(key, value)
+    async def put(self, key: str, value: bytes) -> int:
+        """Set `key`; returns the new revision."""
+        return await self._kv.put(key, value)
+
+    async def get(self, key: str) -> tuple[bytes, int] | None:
+        """The value and its revision, or None when missing or deleted."""
+        try:
+            entry = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return entry.value or b"", entry.revision
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Set `key` only if it does not exist; returns the revision.
+
+        Raises:
+            KeyConflictError: it exists.
+        """
+        try:
+            return await self._kv.create(key, value)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise KeyConflictError(key) from exc
+
+    async def update(self, key: str, value: bytes, revision: int) -> int:
+        """Set `key` only if its revision is still `revision` (compare and set); returns
+        the new revision.
+
+        Raises:
+            KeyConflictError: someone else changed it meanwhile.
+        """
+        try:
+            return await self._kv.update(key, value, last=revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError) as exc:
+            if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError) or exc.err_code == 10071:
+                raise KeyConflictError(key) from exc
+            raise
+
+    async def keys(self) -> list[str]:
+        try:
+            return await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
 
     async def delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):

@@ -91,13 +91,15 @@ class Batcher(Generic[T]):
         at = self.ready_at()
         return at is not None and at <= self._clock()
 
-    def take(self) -> list[T]:
+    def take(self, token_share: float = 1.0, item_share: float = 1.0) -> list[T]:
         """The next batch (empty if nothing is pending): the oldest unit, joined by the
         pending units closest to it in length (older first among equals), up to the item
-        budget and while rows x longest row stays within the token budget."""
+        budget and while rows x longest row stays within the token budget; the shares
+        scale both budgets down (for low-priority work while live work is about)."""
         if not self._units:
             return []
-        p = self.profile
+        max_tokens = max(1, int(self.profile.max_batch_tokens * token_share))
+        max_items = max(1, int(self.profile.max_batch_items * item_share))
         pending = [unit for _, unit in self._units]
         target = pending[0].cost
         order = sorted(range(len(pending)), key=lambda i: (abs(pending[i].cost - target), i))
@@ -106,11 +108,11 @@ class Batcher(Generic[T]):
         for i in order:
             cost = pending[i].cost
             width = max(longest, cost)
-            if chosen and (len(chosen) + 1) * width > p.max_batch_tokens:
+            if chosen and (len(chosen) + 1) * width > max_tokens:
                 continue
             chosen.append(i)
             longest = width
-            if len(chosen) >= p.max_batch_items:
+            if len(chosen) >= max_items:
                 break
         taken = set(chosen)
         self._units = deque(entry for i, entry in enumerate(self._units) if i not in taken)

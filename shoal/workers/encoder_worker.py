@@ -53,7 +53,7 @@ from .adapters import EncoderAdapter, make_adapter
 from .adapters.base import Tokenized
 from .batcher import Batcher
 from .held import HeldJob, Unit
-from .lane import Lane
+from .lane import BatcherKey, Lane
 from .loader import Loader, LoadError
 from .residency import Residency, available_memory
 from .results import build_result
@@ -63,6 +63,11 @@ __all__ = ["EncoderWorker"]
 log = logging.getLogger(__name__)
 
 _POOL_BATCHES = 4
+_LIVE_TRAFFIC_HORIZON = 2.0
+"""Seconds after an interactive arrival during which batch-lane batches stay small."""
+_BATCH_LANE_SHARE = 0.25
+_BATCH_LANE_POLL = 0.02
+"""Seconds between looks for spare capacity to pull batch-lane work into."""
 
 
 class EncoderWorker:
@@ -82,6 +87,7 @@ class EncoderWorker:
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.worker_id = worker_id or f"enc-{secrets.token_hex(4)}"
         self._clock = time.monotonic
+        self._last_interactive = -1e9
         self._preset = {a.spec.id: a for a in adapters}
         self._served = set(settings.worker.models)
         self._lanes: dict[str, Lane] = {}
@@ -153,7 +159,12 @@ class EncoderWorker:
 
     async def _shutdown(self, tasks: list[asyncio.Task]) -> None:
         self._stopping = True
-        pullers = [lane.pull_task for lane in self._lanes.values() if lane.pull_task]
+        pullers = [
+            task
+            for lane in self._lanes.values()
+            for task in (lane.pull_task, lane.batch_pull_task)
+            if task is not None
+        ]
         for task in pullers:
             task.cancel()
         await asyncio.gather(*pullers, return_exceptions=True)
@@ -171,8 +182,9 @@ class EncoderWorker:
         for held in list(self._held.values()):
             await self._settle(held, "nak")
         for lane in self._lanes.values():
-            if lane.source is not None:
-                await lane.source.close()
+            for source in (lane.source, lane.batch_source):
+                if source is not None:
+                    await source.close()
 
     # Following the registry ----------------------------------------------------------
 
@@ -204,18 +216,23 @@ class EncoderWorker:
         nats = self.settings.nats
         consumer = await ensure_consumer(self.bus, nats, self.subjects, "interactive", spec.id)
         lane.source = await self.bus.puller(nats.stream, consumer)
+        batch_consumer = await ensure_consumer(self.bus, nats, self.subjects, "batch", spec.id)
+        lane.batch_source = await self.bus.puller(nats.stream, batch_consumer)
         self._lanes[spec.id] = lane
         lane.pull_task = asyncio.create_task(self._pull(lane))
+        lane.batch_pull_task = asyncio.create_task(self._pull_batch_lane(lane))
 
     async def _drop_lane(self, lane: Lane) -> None:
         del self._lanes[lane.model]
-        if lane.pull_task is not None:
-            lane.pull_task.cancel()
-            await asyncio.gather(lane.pull_task, return_exceptions=True)
+        pullers = [t for t in (lane.pull_task, lane.batch_pull_task) if t is not None]
+        for task in pullers:
+            task.cancel()
+        await asyncio.gather(*pullers, return_exceptions=True)
         for held in [h for h in self._held.values() if h.job.model == lane.model]:
             await self._settle(held, "nak")
-        if lane.source is not None:
-            await lane.source.close()
+        for source in (lane.source, lane.batch_source):
+            if source is not None:
+                await source.close()
         await self.loader.evict(lane)
         log.info("stopped serving %s", lane.model)
 
@@ -243,8 +260,42 @@ class EncoderWorker:
             if deliveries:
                 await self._admit(lane, deliveries)
 
-    async def _admit(self, lane: Lane, deliveries: list[Delivery]) -> None:
+    def _batch_lane_room(self, lane: Lane) -> int:
+        """How many batch-lane items to pull now: none while any interactive work is
+        pending on this worker, and never more than half the held-job slots or about two
+        batches of inputs, so live work always finds room."""
+        if any(other.interactive_queued for other in self._lanes.values()):
+            return 0
+        if lane.batch_queued() >= 2 * lane.spec.profile.max_batch_items:
+            return 0
+        held_batch = sum(1 for held in self._held.values() if held.batch_lane)
+        max_held = self.settings.worker.max_held_jobs
+        return max(0, min(max_held // 2 - held_batch, max_held - len(self._held), 16))
+
+    async def _pull_batch_lane(self, lane: Lane) -> None:
+        assert lane.batch_source is not None
+        while not self._stopping:
+            room = self._batch_lane_room(lane)
+            if room <= 0:
+                await asyncio.sleep(_BATCH_LANE_POLL)
+                continue
+            try:
+                deliveries = await lane.batch_source.fetch(room, max_wait=0.5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("batch-lane fetch for %s failed: %r", lane.model, exc)
+                await asyncio.sleep(0.5)
+                continue
+            if deliveries:
+                await self._admit(lane, deliveries, batch_lane=True)
+
+    async def _admit(
+        self, lane: Lane, deliveries: list[Delivery], batch_lane: bool = False
+    ) -> None:
         now = time.time()
+        if not batch_lane:
+            self._last_interactive = self._clock()
         fresh: list[HeldJob] = []
         for delivery in deliveries:
             try:
@@ -252,7 +303,7 @@ class EncoderWorker:
             except msgspec.DecodeError as exc:
                 await self._refuse(delivery, exc)
                 continue
-            held = HeldJob(delivery, job)
+            held = HeldJob(delivery, job, batch_lane)
             if job.deadline <= now:
                 await self._fail(
                     held,
@@ -298,7 +349,7 @@ class EncoderWorker:
                 continue
             units = held.start(tokens)
             if units:
-                lane.batcher(held.op, held.job.adapter).add(units)
+                lane.batcher(held.op, held.job.adapter, held.batch_lane).add(units)
             else:
                 await self._answer(held, lane)
         self._wake.set()
@@ -329,26 +380,40 @@ class EncoderWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
-            lane, (op, lora) = due
-            batcher = lane.batchers[(op, lora)]
+            lane, key = due
+            batcher = lane.batchers[key]
             await self._drop_expired(batcher)
-            await self._run_batch(lane, op, lora, batcher.take())
+            await self._run_batch(lane, key[0], key[1], batcher.take(*self._batch_lane_cap(key)))
 
-    def _next_due(self) -> tuple[tuple[Lane, tuple[str, str]] | None, float | None]:
-        """The batch due soonest on a resident model, if due now; else when one will be."""
-        best: tuple[float, Lane, tuple[str, str]] | None = None
-        for lane in self._lanes.values():
-            if lane.state != "resident":
+    def _next_due(self) -> tuple[tuple[Lane, BatcherKey] | None, float | None]:
+        """The batch due soonest on a resident model, if due now; else when one will be.
+        Batch-lane work runs only when no interactive work is pending at all: a batch
+        job fills spare capacity and never makes a live request wait for its turn."""
+        for batch_lane in (False, True):
+            best: tuple[float, Lane, BatcherKey] | None = None
+            for lane in self._lanes.values():
+                if lane.state != "resident":
+                    continue
+                for key, batcher in lane.batchers.items():
+                    if key[2] != batch_lane:
+                        continue
+                    at = batcher.ready_at()
+                    if at is not None and (best is None or at < best[0]):
+                        best = (at, lane, key)
+            if best is None:
                 continue
-            for key, batcher in lane.batchers.items():
-                at = batcher.ready_at()
-                if at is not None and (best is None or at < best[0]):
-                    best = (at, lane, key)
-        if best is None:
-            return None, None
-        if best[0] <= self._clock():
-            return (best[1], best[2]), None
-        return None, best[0]
+            if best[0] <= self._clock():
+                return (best[1], best[2]), None
+            return None, best[0]
+        return None, None
+
+    def _batch_lane_cap(self, key: BatcherKey) -> tuple[float, float]:
+        """Budget fractions for the next batch: while live traffic is about, batch-lane
+        batches are cut to a quarter, so a live request that arrives during one waits
+        for a short forward pass, not a full one."""
+        if key[2] and self._clock() - self._last_interactive < _LIVE_TRAFFIC_HORIZON:
+            return _BATCH_LANE_SHARE, _BATCH_LANE_SHARE
+        return 1.0, 1.0
 
     async def _run_batch(self, lane: Lane, op: str, lora: str, batch: list[Unit]) -> None:
         batch = [u for u in batch if not u.held.done]

@@ -30,6 +30,7 @@ class Unit:
 
 class HeldJob:
     __slots__ = (
+        "batch_lane",
         "delivery",
         "done",
         "job",
@@ -42,8 +43,10 @@ class HeldJob:
         "tokens",
     )
 
-    def __init__(self, delivery: Delivery, job: Job) -> None:
+    def __init__(self, delivery: Delivery, job: Job, batch_lane: bool = False) -> None:
         self.delivery = delivery
+        self.batch_lane = batch_lane
+        """Pulled from the low-priority batch lane."""
         self.job = job
         self.op = OP_OF_JOB[type(job)]
         self.pulled_at = time.time()

@@ -11,7 +11,10 @@ from .adapters.base import EncoderAdapter
 from .batcher import Batcher
 from .held import HeldJob, Unit
 
-__all__ = ["Lane", "LaneState"]
+__all__ = ["BatcherKey", "Lane", "LaneState"]
+
+BatcherKey = tuple[str, str, bool]
+"""(op, LoRA adapter, from the batch lane)."""
 
 LaneState = Literal["unloaded", "loading", "resident", "failed"]
 
@@ -26,20 +29,24 @@ class Lane:
         self.state: LaneState = "unloaded"
         self.error = ""
         """Why loading failed (state `failed`)."""
-        self.batchers: dict[tuple[str, str], Batcher[Unit]] = {}
-        """One per (op, LoRA adapter): batches never mix ops or adapters."""
+        self.batchers: dict[BatcherKey, Batcher[Unit]] = {}
+        """One per (op, LoRA adapter, priority): batches never mix ops or adapters, and
+        batch-lane work never delays interactive work inside a batch."""
         self.waiting: list[HeldJob] = []
         """Jobs pulled while the model was not resident: tokenized once it is."""
         self.running = 0
         self.source: WorkSource | None = None
         self.pull_task = None
+        self.batch_source: WorkSource | None = None
+        """The low-priority batch lane of this model, pulled only into spare capacity."""
+        self.batch_pull_task = None
 
     @property
     def model(self) -> str:
         return self.spec.id
 
-    def batcher(self, op: str, lora: str) -> Batcher[Unit]:
-        key = (op, lora)
+    def batcher(self, op: str, lora: str, batch_lane: bool = False) -> Batcher[Unit]:
+        key = (op, lora, batch_lane)
         batcher = self.batchers.get(key)
         if batcher is None:
             batcher = self.batchers[key] = Batcher(self.spec.profile, self._clock)
@@ -48,6 +55,15 @@ class Lane:
     @property
     def queued(self) -> int:
         return sum(len(b) for b in self.batchers.values()) + len(self.waiting)
+
+    @property
+    def interactive_queued(self) -> int:
+        """Interactive units pending here (and jobs waiting for the model to load)."""
+        pending = sum(len(b) for key, b in self.batchers.items() if not key[2])
+        return pending + sum(1 for held in self.waiting if not held.batch_lane)
+
+    def batch_queued(self) -> int:
+        return sum(len(b) for key, b in self.batchers.items() if key[2])
 
     @property
     def busy(self) -> bool:

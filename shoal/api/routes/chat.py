@@ -28,6 +28,7 @@ from ...compat.openai.completions import (
 )
 from ...compat.openai.generation import Usage, chat_logprob
 from ...queue.messages import ChoiceDelta
+from .. import endpoints
 from ..generation import Generation
 from ..runtime import RuntimeDep
 
@@ -60,18 +61,12 @@ class ChatController(Controller):
     async def create(
         self, data: ChatCompletionRequest, runtime: RuntimeDep
     ) -> Response[ChatCompletion] | Stream:
-        target = runtime.resolve(data.model, "generate", data.shoal)
-        job = runtime.prepare(target, lambda env: [data.to_job(env, target.spec.max_length)])
-        generation = Generation(runtime, job, target.name)
+        if not data.stream:
+            return Response(await endpoints.chat(runtime, data))
+        generation, target = endpoints.start_chat(runtime, data)
         completion_id = f"chatcmpl-{secrets.token_hex(12)}"
-        if data.stream:
-            return Stream(
-                _guarded(_chat_events(generation, data, completion_id, target.name)), media_type=SSE
-            )
-        deltas = [d async for batch in generation for d in batch]
-        usage = Usage.of(generation.prompt_tokens, generation.completion_tokens)
-        return Response(
-            ChatCompletion.collect(completion_id, target.name, deltas, data.n, data.logprobs, usage)
+        return Stream(
+            _guarded(_chat_events(generation, data, completion_id, target.name)), media_type=SSE
         )
 
 
@@ -104,29 +99,13 @@ class CompletionsController(Controller):
     async def create(
         self, data: CompletionRequest, runtime: RuntimeDep
     ) -> Response[Completion] | Stream:
-        target = runtime.resolve(data.model, "generate", data.shoal)
-        jobs = runtime.prepare(target, lambda env: data.to_jobs(env, target.spec.max_length))
-        generation = Generation(runtime, jobs, target.name)
+        if not data.stream:
+            return Response(await endpoints.completion(runtime, data))
+        generation, target = endpoints.start_completion(runtime, data)
         completion_id = f"cmpl-{secrets.token_hex(12)}"
-        with_logprobs = data.logprobs is not None
-        if data.stream:
-            return Stream(
-                _guarded(_completion_events(generation, data, completion_id, target.name)),
-                media_type=SSE,
-            )
-        deltas = [d async for batch in generation for d in batch]
-        usage = Usage.of(generation.prompt_tokens, generation.completion_tokens)
-        prompts = generation.prompts if data.echo else [""] * generation.choices
-        return Response(
-            Completion.collect(
-                completion_id,
-                target.name,
-                deltas,
-                generation.choices,
-                with_logprobs,
-                prompts,
-                usage,
-            )
+        return Stream(
+            _guarded(_completion_events(generation, data, completion_id, target.name)),
+            media_type=SSE,
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, Response, post
 
 from ...compat.openai import EmbeddingRequest, EmbeddingResponse
+from .. import endpoints
 from ..runtime import RuntimeDep
 from ._timing import timing_headers
 
@@ -19,8 +20,5 @@ class EmbeddingsController(Controller):
     async def create(
         self, data: EmbeddingRequest, runtime: RuntimeDep
     ) -> Response[EmbeddingResponse]:
-        target = runtime.resolve(data.model, "embed", data.shoal)
-        texts, token_ids = data.inputs()
-        vectors = await runtime.embed(target, data.options(), texts=texts, token_ids=token_ids)
-        body = EmbeddingResponse.from_vectors(vectors, target.name, data.encoding_format)
+        body, vectors = await endpoints.embeddings(runtime, data)
         return Response(body, headers=timing_headers(vectors))

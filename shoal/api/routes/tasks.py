@@ -14,6 +14,7 @@ from ...compat.tasks import (
     RerankRequest,
     RerankResponse,
 )
+from .. import endpoints
 from ..runtime import RuntimeDep
 
 __all__ = ["ClassifyController", "MultiVectorController", "NerController", "RerankController"]
@@ -25,11 +26,7 @@ class NerController(Controller):
 
     @post(status_code=200, summary="Named entities (token classification)")
     async def create(self, data: NerRequest, runtime: RuntimeDep) -> NerResponse:
-        target = runtime.resolve(data.model, "ner", data.shoal)
-        texts = data.texts()
-        limits = runtime.settings.gateway
-        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
-        return NerResponse.from_results(texts, results, target.name)
+        return await endpoints.ner(runtime, data)
 
 
 class MultiVectorController(Controller):
@@ -38,13 +35,7 @@ class MultiVectorController(Controller):
 
     @post(status_code=200, summary="Token vectors (late interaction, ColBERT-style)")
     async def create(self, data: MultiVectorRequest, runtime: RuntimeDep) -> MultiVectorResponse:
-        target = runtime.resolve(data.model, "multivector", data.shoal)
-        dims = target.spec.multivector.dims or target.spec.dims
-        limits = runtime.settings.gateway
-        results = await runtime.run(
-            target, lambda env: data.to_jobs(env, limits, dims, target.spec.max_length)
-        )
-        return MultiVectorResponse.from_results(results, target.name, data.encoding_format)
+        return await endpoints.multivector(runtime, data)
 
 
 class RerankController(Controller):
@@ -53,11 +44,7 @@ class RerankController(Controller):
 
     @post(["/v1/rerank", "/rerank"], status_code=200, summary="Rerank documents for a query")
     async def create(self, data: RerankRequest, runtime: RuntimeDep) -> RerankResponse:
-        target = runtime.resolve(data.model, "rerank", data.shoal)
-        docs = data.document_texts()
-        limits = runtime.settings.gateway
-        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
-        return RerankResponse.from_results(data, docs, results, target.name)
+        return await endpoints.rerank(runtime, data)
 
 
 class ClassifyController(Controller):
@@ -66,7 +53,4 @@ class ClassifyController(Controller):
 
     @post(status_code=200, summary="Classify texts (sequence classification)")
     async def create(self, data: ClassifyRequest, runtime: RuntimeDep) -> ClassifyResponse:
-        target = runtime.resolve(data.model, "classify", data.shoal)
-        limits = runtime.settings.gateway
-        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
-        return ClassifyResponse.from_results(results, target.name)
+        return await endpoints.classify(runtime, data)

@@ -71,6 +71,9 @@ class _Model:
         self.runtime = runtime
         self.source = None
         self.pull_task: asyncio.Task | None = None
+        self.batch_source = None
+        """The low-priority batch lane: admitted only into slots live work leaves free."""
+        self.batch_pull_task: asyncio.Task | None = None
         self.stream_task: asyncio.Task | None = None
         self.room = asyncio.Event()
         self.events: asyncio.Queue[list[TokenEvent]] = asyncio.Queue()
@@ -136,14 +139,15 @@ class GenerationWorker:
         finally:
             self._stopping = True
             for model in self._models.values():
-                for task in (model.pull_task, model.stream_task):
+                for task in (model.pull_task, model.batch_pull_task, model.stream_task):
                     if task is not None:
                         task.cancel()
             for running in list(self._jobs.values()):
                 await self._settle(running, "nak")
             for model in self._models.values():
-                if model.source is not None:
-                    await model.source.close()
+                for source in (model.source, model.batch_source):
+                    if source is not None:
+                        await source.close()
                 await asyncio.get_running_loop().run_in_executor(self._loader, model.runtime.stop)
             heartbeat.cancel()
             keepalive.cancel()
@@ -164,8 +168,11 @@ class GenerationWorker:
         nats = self.settings.nats
         consumer = await ensure_consumer(self.bus, nats, self.subjects, "interactive", spec.id)
         model.source = await self.bus.puller(nats.stream, consumer)
+        batch_consumer = await ensure_consumer(self.bus, nats, self.subjects, "batch", spec.id)
+        model.batch_source = await self.bus.puller(nats.stream, batch_consumer)
         self._models[spec.id] = model
         model.pull_task = asyncio.create_task(self._pull(model))
+        model.batch_pull_task = asyncio.create_task(self._pull_batch_lane(model))
         model.stream_task = asyncio.create_task(self._stream_out(model))
 
     def _local_path(self, spec: ModelSpec) -> str:
@@ -192,6 +199,28 @@ class GenerationWorker:
                 raise
             except Exception as exc:
                 log.warning("fetch for %s failed: %r", model.spec.id, exc)
+                await asyncio.sleep(0.5)
+                continue
+            for delivery in deliveries:
+                await self._admit(model, delivery)
+
+    async def _pull_batch_lane(self, model: _Model) -> None:
+        """Batch-lane jobs take only slots beyond a quarter kept free for live requests,
+        so a running batch job never makes a live one wait for a slot."""
+        assert model.batch_source is not None
+        runtime = model.runtime
+        reserve = max(1, runtime.max_running // 4)
+        while not self._stopping:
+            free = runtime.max_running - runtime.running - reserve
+            if free <= 0:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                deliveries = await model.batch_source.fetch(min(free, 8), max_wait=0.5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("batch-lane fetch for %s failed: %r", model.spec.id, exc)
                 await asyncio.sleep(0.5)
                 continue
             for delivery in deliveries:

@@ -1,0 +1,76 @@
+"""A batch's progress as it is saved: parts of finished lines in the object store.
+
+The runner saves what finished every `flush_seconds` as one part
+(`batches/<id>/parts/<epoch>-<seq>`): a restarted runner reads the parts to know which
+lines are done, and finalizing joins them into the output and error files, keeping the
+first outcome of a line and dropping any repeat (a line answered by two owners of the
+batch, one of which lost its lease). Every `custom_id` is thus in the output exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from typing import NamedTuple
+
+import msgspec
+
+from ...compat.openai.batches import BatchOutputError, BatchOutputLine, BatchOutputResponse
+from ...queue.objects import ObjectStore
+
+__all__ = ["Outcome", "load_parts", "part_prefix", "render", "save_part"]
+
+NO_RESPONSE = 0
+"""`Outcome.status` of a line that never got a response (expired): `body` is the error."""
+
+
+class Outcome(NamedTuple):
+    index: int
+    """The line's position among the file's non-blank lines, from 0."""
+    custom_id: str
+    status: int
+    body: bytes
+    """The JSON response body, or for NO_RESPONSE the JSON `{code, message}` error."""
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(list[Outcome]).decode
+_encode_json = msgspec.json.Encoder().encode
+
+
+def part_prefix(batch_id: str) -> str:
+    return f"batches/{batch_id}/parts/"
+
+
+async def save_part(
+    objects: ObjectStore, batch_id: str, epoch: int, seq: int, outcomes: list[Outcome]
+) -> None:
+    await objects.put_bytes(f"{part_prefix(batch_id)}{epoch:06d}-{seq:08d}", _encode(outcomes))
+
+
+async def load_parts(objects: ObjectStore, batch_id: str) -> AsyncIterator[list[Outcome]]:
+    for key in await objects.list(part_prefix(batch_id)):
+        yield _decode(await objects.get_bytes(key))
+
+
+def request_id(batch_id: str, index: int) -> str:
+    digest = hashlib.blake2b(f"{batch_id}:{index}".encode(), digest_size=12).hexdigest()
+    return f"batch_req_{digest}"
+
+
+def render(batch_id: str, outcome: Outcome) -> bytes:
+    """The outcome as one line of OpenAI's output/error file format."""
+    rid = request_id(batch_id, outcome.index)
+    if outcome.status == NO_RESPONSE:
+        error = msgspec.json.decode(outcome.body, type=BatchOutputError)
+        line = BatchOutputLine(id=rid, custom_id=outcome.custom_id, response=None, error=error)
+    else:
+        response = BatchOutputResponse(
+            status_code=outcome.status, request_id=rid, body=msgspec.Raw(outcome.body)
+        )
+        line = BatchOutputLine(id=rid, custom_id=outcome.custom_id, response=response, error=None)
+    return _encode_json(line) + b"\n"

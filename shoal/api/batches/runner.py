@@ -1,0 +1,466 @@
+"""The batch runner: works through batches on the low-priority lane, resumably.
+
+Every gateway runs one (unless `batches.run_batches` is off); runners share the work by
+leases on the batch records (store.py). For each batch it holds, a runner:
+
+1. validates the whole input file (status `validating`) before anything is queued, and
+   fails the batch with every bad line named if any is wrong;
+2. sends lines through the same code the live routes use, on the batch lane and at most
+   `max_in_flight` at a time (flow control), retrying what the queue refuses or times out
+   (429/502/503/504) with backoff until the batch expires;
+3. saves finished lines every `flush_seconds` as a part in the object store (parts.py)
+   and the counts in the record;
+4. finalizes: joins the parts into the output and error files, each line exactly once.
+
+A restarted or second runner that claims the batch reads the saved parts and sends only
+the lines not yet done, so killing a gateway or a worker mid-batch loses nothing and
+answers nothing twice (at most the unsaved last second of lines is computed again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ...compat.errors import InternalError, ShoalError
+from ...compat.openai.batches import BatchError, BatchErrors, RequestCounts
+from ...config import BatchSettings
+from ...queue.objects import ObjectStoreError
+from ..endpoints import BATCH_ENDPOINTS
+from .lines import LineError, check_line, input_lines, validate
+from .parts import NO_RESPONSE, Outcome, load_parts, part_prefix, render, save_part
+from .store import BatchRecord, BatchStore, LeaseLostError
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+__all__ = ["BatchRunner", "completion_window_seconds"]
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.json.Encoder().encode
+_RETRYABLE = frozenset({429, 502, 503, 504})
+_WINDOW = re.compile(r"^(\d+)([hms])$")
+
+
+def completion_window_seconds(window: str) -> int | None:
+    """`24h` (OpenAI's only value) and, as a Shoal extension, any `<n>h|m|s`."""
+    match = _WINDOW.match(window)
+    if not match or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * {"h": 3600, "m": 60, "s": 1}[match.group(2)]
+
+
+class BatchRunner:
+    def __init__(self, runtime: Runtime, settings: BatchSettings, poll: float = 0.5) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.store: BatchStore = runtime.batches
+        self.runner_id = secrets.token_hex(6)
+        self._poll = poll
+        self._runs: dict[str, asyncio.Task] = {}
+        self._finished: set[str] = set()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def close(self) -> None:
+        """Stop working; held batches are left to lease expiry and another runner."""
+        tasks = [t for t in (self._task, *self._runs.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._claim()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS reconnecting: try again at the next poll
+                log.warning("batch runner %s: claiming failed: %r", self.runner_id, exc)
+            await asyncio.sleep(self._poll)
+
+    async def _claim(self) -> None:
+        for batch_id in await self.store.ids():
+            if len(self._runs) >= self.settings.max_batches_running:
+                return
+            if batch_id in self._finished or batch_id in self._runs:
+                continue
+            record = await self.store.claim(batch_id, self.runner_id, self.settings.lease_seconds)
+            if record is None:
+                with contextlib.suppress(ShoalError):
+                    if (await self.store.get(batch_id)).final:
+                        self._finished.add(batch_id)
+                continue
+            log.info("batch %s: claimed by runner %s", batch_id, self.runner_id)
+            task = asyncio.create_task(_BatchRun(self, record).run())
+            self._runs[batch_id] = task
+            task.add_done_callback(lambda _, b=batch_id: self._runs.pop(b, None))
+
+
+class _BatchRun:
+    """One runner's work on one batch, while it holds the lease."""
+
+    def __init__(self, runner: BatchRunner, record: BatchRecord) -> None:
+        self.runner = runner
+        self.settings = runner.settings
+        self.store = runner.store
+        self.files = runner.runtime.files
+        self.objects = runner.runtime.files.objects
+        self.batch = record.batch
+        self.id = record.batch.id
+        self.epoch = record.epoch
+        self.owner = runner.runner_id
+        self.endpoint = BATCH_ENDPOINTS[record.batch.endpoint]
+        self.runtime = runner.runtime.on_batch_lane(self.settings.item_timeout)
+        self.stop_reason = "cancelled" if record.batch.status == "cancelling" else ""
+        self.stopped = asyncio.Event()
+        if self.stop_reason:
+            self.stopped.set()
+        self.done = bytearray()
+        self.counts = RequestCounts(total=record.batch.request_counts.total)
+        self.unsaved: list[Outcome] = []
+        self.seq = 0
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        main = asyncio.current_task()
+        assert main is not None
+        keeper = asyncio.create_task(self._keep_lease(main))
+        try:
+            if self.batch.status == "validating" and not await self._validate():
+                return
+            if not self.stop_reason:
+                await self._execute()
+            await self._finalize()
+        except asyncio.CancelledError:
+            log.info("batch %s: runner %s let go of it", self.id, self.owner)
+            raise
+        except LeaseLostError:
+            log.warning("batch %s: lease lost to another runner", self.id)
+        except Exception:
+            log.exception("batch %s: runner failed; it resumes at the next claim", self.id)
+        finally:
+            keeper.cancel()
+
+    def _stop(self, reason: str) -> None:
+        if not self.stop_reason:
+            log.info("batch %s: stopping (%s)", self.id, reason)
+            self.stop_reason = reason
+            self.stopped.set()
+
+    async def _keep_lease(self, main: asyncio.Task) -> None:
+        lease = self.settings.lease_seconds
+        while True:
+            await asyncio.sleep(min(1.0, lease / 3))
+            try:
+                record = await self.store.change(self.id, self._renewed, owner=self.owner)
+            except LeaseLostError:
+                main.cancel()
+                return
+            except Exception as exc:
+                log.warning("batch %s: renewing the lease failed: %r", self.id, exc)
+                continue
+            if record.batch.status == "cancelling":
+                self._stop("cancelled")
+            elif record.batch.expires_at and time.time() >= record.batch.expires_at:
+                self._stop("expired")
+
+    def _renewed(self, record: BatchRecord) -> BatchRecord:
+        return msgspec.structs.replace(
+            record, lease_until=time.time() + self.settings.lease_seconds
+        )
+
+    async def _update(self, **batch_fields) -> BatchRecord:
+        def change(record: BatchRecord) -> BatchRecord:
+            batch = msgspec.structs.replace(record.batch, **batch_fields)
+            return msgspec.structs.replace(
+                record, batch=batch, lease_until=time.time() + self.settings.lease_seconds
+            )
+
+        record = await self.store.change(self.id, change, owner=self.owner)
+        self.batch = record.batch
+        return record
+
+    def _lines(self) -> AsyncIterator[tuple[int, bytes]]:
+        return input_lines(self.objects.get(f"files/{self.batch.input_file_id}"))
+
+    # Validating ------------------------------------------------------------------------
+
+    async def _validate(self) -> bool:
+        checked = await validate(
+            self._lines,
+            self.batch.endpoint,
+            self.endpoint,
+            lambda model, op: self.runtime.resolve(model, op),
+            self.settings.max_validation_errors,
+        )
+        now = int(time.time())
+        self.counts = RequestCounts(total=checked.total)
+        if checked.total == 0:
+            await self._update(
+                status="failed",
+                failed_at=now,
+                errors=BatchErrors(data=[_empty_file_error()]),
+                request_counts=self.counts,
+            )
+            return False
+        if checked.error_count:
+            lines = (_encode(error) + b"\n" for error in checked.errors)
+            error_file = await self.files.add(
+                f"{self.id}_validation_errors.jsonl",
+                "batch_output",
+                _aiter(lines),
+                file_id=f"file-{self.id}-errors",
+            )
+            await self._update(
+                status="failed",
+                failed_at=now,
+                errors=BatchErrors(data=checked.errors),
+                error_file_id=error_file.id,
+                request_counts=self.counts,
+            )
+            log.info("batch %s: failed validation (%d bad lines)", self.id, checked.error_count)
+            return False
+        model = next(iter(checked.models)) if len(checked.models) == 1 else None
+        await self._update(
+            status="in_progress", in_progress_at=now, request_counts=self.counts, model=model
+        )
+        return True
+
+    # Executing -------------------------------------------------------------------------
+
+    async def _execute(self) -> None:
+        total = self.counts.total
+        self.done = bytearray(total)
+        self.counts = RequestCounts(total=total)
+        async for part in load_parts(self.objects, self.id):
+            for outcome in part:
+                self._mark(outcome)
+        self.seq = 0
+        if self.counts.completed + self.counts.failed:
+            log.info(
+                "batch %s: resuming with %d of %d lines done",
+                self.id,
+                self.counts.completed + self.counts.failed,
+                total,
+            )
+        room = asyncio.Semaphore(self.settings.max_in_flight)
+        running: set[asyncio.Task] = set()
+        saver = asyncio.create_task(self._save_periodically())
+        try:
+            index = -1
+            async for _, raw in self._lines():
+                index += 1
+                if index >= total or self.stopped.is_set():
+                    break
+                if self.done[index]:
+                    continue
+                if not await self._acquire(room):
+                    break
+                task = asyncio.create_task(self._run_line(index, raw, room))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await self._drain(running)
+        finally:
+            for task in running:
+                task.cancel()
+            saver.cancel()
+        await self._save()
+
+    async def _acquire(self, room: asyncio.Semaphore) -> bool:
+        """Wait for room in flight; False if the batch was stopped meanwhile."""
+        acquire = asyncio.ensure_future(room.acquire())
+        stop = asyncio.ensure_future(self.stopped.wait())
+        await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if acquire.done() and not acquire.cancelled():
+            if self.stopped.is_set():
+                room.release()
+                return False
+            return True
+        acquire.cancel()
+        return False
+
+    async def _drain(self, running: set[asyncio.Task]) -> None:
+        """Wait for in-flight lines; once stopped, only for `cancel_grace` (cancel) or
+        not at all (expiry)."""
+        while running and not self.stopped.is_set():
+            await asyncio.wait(set(running), timeout=0.5)
+        if running and self.stop_reason == "cancelled":
+            await asyncio.wait(set(running), timeout=self.settings.cancel_grace)
+
+    async def _run_line(self, index: int, raw: bytes, room: asyncio.Semaphore) -> None:
+        try:
+            self._record(await self._answer(index, raw))
+        finally:
+            room.release()
+
+    async def _answer(self, index: int, raw: bytes) -> Outcome:
+        try:
+            line = check_line(raw, self.batch.endpoint, self.endpoint, self.runtime.resolve)
+        except LineError as exc:  # valid at validation; the registry changed since
+            return Outcome(index, _custom_id(raw), 400, _error_body(exc.message, exc.code))
+        delay = 0.5
+        while True:
+            try:
+                response = await self.endpoint.call(self.runtime, line.body)
+                return Outcome(index, line.custom_id, 200, _encode(response))
+            except ShoalError as exc:
+                if exc.status_code in _RETRYABLE and not self.stopped.is_set():
+                    await asyncio.sleep(max(delay, exc.retry_after or 0))
+                    delay = min(delay * 2, 30.0)
+                    continue
+                return Outcome(index, line.custom_id, exc.status_code, _encode(exc.to_response()))
+            except Exception:
+                log.exception("batch %s: line %d failed", self.id, index)
+                error = InternalError("Internal server error")
+                return Outcome(index, line.custom_id, 500, _encode(error.to_response()))
+
+    def _mark(self, outcome: Outcome) -> bool:
+        """Count a finished line once; False if it was already done."""
+        if outcome.index >= len(self.done) or self.done[outcome.index]:
+            return False
+        self.done[outcome.index] = 1
+        if outcome.ok:
+            self.counts.completed += 1
+        else:
+            self.counts.failed += 1
+        return True
+
+    def _record(self, outcome: Outcome) -> None:
+        if self._mark(outcome):
+            self.unsaved.append(outcome)
+
+    async def _save_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.flush_seconds)
+            await self._save()
+
+    async def _save(self) -> None:
+        if not self.unsaved:
+            return
+        outcomes, self.unsaved = self.unsaved, []
+        try:
+            await save_part(self.objects, self.id, self.epoch, self.seq, outcomes)
+        except ObjectStoreError as exc:
+            log.warning("batch %s: saving progress failed, retrying: %s", self.id, exc)
+            self.unsaved = outcomes + self.unsaved
+            return
+        self.seq += 1
+        counts = msgspec.structs.replace(self.counts)
+        await self._update(request_counts=counts)
+
+    # Finalizing ------------------------------------------------------------------------
+
+    async def _finalize(self) -> None:
+        final = {"cancelled": "cancelled", "expired": "expired"}.get(self.stop_reason, "completed")
+        if final == "completed":
+            await self._update(status="finalizing", finalizing_at=int(time.time()))
+        total = self.counts.total
+        if len(self.done) != total:  # stopped before executing: count what parts hold
+            self.done = bytearray(total)
+            self.counts = RequestCounts(total=total)
+            async for part in load_parts(self.objects, self.id):
+                for outcome in part:
+                    self._mark(outcome)
+        expired_lines = 0
+        if final == "expired":
+            expired_lines = total - self.counts.completed - self.counts.failed
+            self.counts.failed += expired_lines
+        output_id = error_id = None
+        if self.counts.completed:
+            output = await self.files.add(
+                f"{self.id}_output.jsonl",
+                "batch_output",
+                self._output_lines(ok=True, expired=False),
+                file_id=f"file-{self.id}-output",
+            )
+            output_id = output.id
+        if self.counts.failed:
+            errors = await self.files.add(
+                f"{self.id}_errors.jsonl",
+                "batch_output",
+                self._output_lines(ok=False, expired=expired_lines > 0),
+                file_id=f"file-{self.id}-errors",
+            )
+            error_id = errors.id
+        now = int(time.time())
+        stamps = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}
+        await self._update(
+            status=final,
+            output_file_id=output_id,
+            error_file_id=error_id,
+            request_counts=msgspec.structs.replace(self.counts),
+            **{stamps[final]: now},
+        )
+        with contextlib.suppress(Exception):
+            await self.store.change(
+                self.id, lambda r: msgspec.structs.replace(r, owner=""), owner=self.owner
+            )
+        for key in await self.objects.list(part_prefix(self.id)):
+            with contextlib.suppress(ObjectStoreError):
+                await self.objects.delete(key)
+        log.info(
+            "batch %s: %s (%d completed, %d failed of %d)",
+            self.id,
+            final,
+            self.counts.completed,
+            self.counts.failed,
+            total,
+        )
+
+    async def _output_lines(self, ok: bool, expired: bool) -> AsyncIterator[bytes]:
+        """Saved outcomes with `ok`, each line once; with `expired`, an error line for
+        every line that never ran."""
+        seen = bytearray(self.counts.total)
+        async for part in load_parts(self.objects, self.id):
+            for outcome in part:
+                if outcome.index < len(seen) and not seen[outcome.index]:
+                    seen[outcome.index] = 1
+                    if outcome.ok == ok:
+                        yield render(self.id, outcome)
+        if expired:
+            error = _encode(
+                {
+                    "code": "batch_expired",
+                    "message": "This request could not be executed before the completion "
+                    "window expired.",
+                }
+            )
+            index = -1
+            async for _, raw in self._lines():
+                index += 1
+                if index < len(seen) and not seen[index]:
+                    yield render(self.id, Outcome(index, _custom_id(raw), NO_RESPONSE, error))
+
+
+def _custom_id(raw: bytes) -> str:
+    try:
+        return str(msgspec.json.decode(raw).get("custom_id", ""))
+    except (msgspec.DecodeError, AttributeError):
+        return ""
+
+
+def _error_body(message: str, code: str) -> bytes:
+    return _encode({"error": {"message": message, "type": "invalid_request_error", "code": code}})
+
+
+def _empty_file_error() -> BatchError:
+    return BatchError(code="empty_file", message="The input file has no requests")
+
+
+async def _aiter(items) -> AsyncIterator[bytes]:
+    for item in items:
+        yield item

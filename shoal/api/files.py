@@ -1,0 +1,123 @@
+"""Uploaded files: metadata in a JetStream key-value bucket, bytes in the object store.
+
+Ids sort by creation time (`file-<ns hex><random>`), so listing newest first is a sort of
+keys. Batch outputs get ids derived from their batch, so finishing a batch twice (after a
+runner restart) writes the same file again instead of a second one.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+
+import msgspec
+
+from ..compat.errors import InvalidRequestError, NotFoundError, UnavailableError
+from ..compat.openai.files import PURPOSES, FileDeleted, FileList, FileObject
+from ..queue.nats import NatsKeyValue
+from ..queue.objects import ObjectNotFoundError, ObjectStore, ObjectStoreError
+
+__all__ = ["FileStore", "new_id"]
+
+_decode = msgspec.json.Decoder(FileObject).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def new_id(prefix: str) -> str:
+    """A unique id that sorts by creation time."""
+    return f"{prefix}{time.time_ns():016x}{secrets.token_hex(4)}"
+
+
+def _object_key(file_id: str) -> str:
+    return f"files/{file_id}"
+
+
+class FileStore:
+    def __init__(self, kv: NatsKeyValue, objects: ObjectStore) -> None:
+        self._kv = kv
+        self.objects = objects
+
+    async def add(
+        self, filename: str, purpose: str, chunks: AsyncIterable[bytes], file_id: str = ""
+    ) -> FileObject:
+        """Stream `chunks` into the store and record the file.
+
+        Raises:
+            UnavailableError: the object store cannot be written.
+        """
+        if purpose not in PURPOSES:
+            raise InvalidRequestError(
+                f"'{purpose}' is not a valid purpose; use one of {', '.join(PURPOSES)}",
+                param="purpose",
+            )
+        file_id = file_id or new_id("file-")
+        try:
+            size = await self.objects.put(_object_key(file_id), chunks)
+        except ObjectStoreError as exc:
+            raise UnavailableError(f"The file store cannot be written: {exc}") from exc
+        record = FileObject(
+            id=file_id,
+            bytes=size,
+            created_at=int(time.time()),
+            filename=filename,
+            purpose=purpose,  # type: ignore[arg-type]
+        )
+        await self._kv.put(file_id, _encode(record))
+        return record
+
+    async def get(self, file_id: str) -> FileObject:
+        """Raises NotFoundError."""
+        entry = await self._kv.get(file_id) if _valid_id(file_id) else None
+        if entry is None:
+            raise NotFoundError(f"No such file: '{file_id}'", param="file_id")
+        return _decode(entry[0])
+
+    async def list(
+        self, purpose: str | None = None, limit: int = 10_000, order: str = "desc", after: str = ""
+    ) -> FileList:
+        records = [await self.get(key) for key in await self._kv.keys()]
+        records = [r for r in records if purpose is None or r.purpose == purpose]
+        records.sort(key=lambda r: (r.created_at, r.id), reverse=order != "asc")
+        if after:
+            ids = [r.id for r in records]
+            records = records[ids.index(after) + 1 :] if after in ids else []
+        page = records[:limit]
+        return FileList(
+            data=page,
+            has_more=len(records) > limit,
+            first_id=page[0].id if page else None,
+            last_id=page[-1].id if page else None,
+        )
+
+    async def content(self, file_id: str) -> AsyncIterator[bytes]:
+        """The file's bytes, streamed. Raises NotFoundError before the first chunk."""
+        await self.get(file_id)
+        chunks = self.objects.get(_object_key(file_id))
+        try:
+            first = await anext(chunks, b"")
+        except ObjectNotFoundError:
+            raise NotFoundError(f"The content of file '{file_id}' is gone") from None
+        except ObjectStoreError as exc:
+            raise UnavailableError(f"The file store cannot be read: {exc}") from exc
+        return _prepend(first, chunks)
+
+    async def delete(self, file_id: str) -> FileDeleted:
+        await self.get(file_id)
+        try:
+            await self.objects.delete(_object_key(file_id))
+        except ObjectStoreError as exc:
+            raise UnavailableError(f"The file store cannot be written: {exc}") from exc
+        await self._kv.delete(file_id)
+        return FileDeleted(id=file_id, deleted=True)
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+def _valid_id(file_id: str) -> bool:
+    return bool(file_id) and all(c.isalnum() or c in "-_" for c in file_id)

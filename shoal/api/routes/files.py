@@ -1,0 +1,74 @@
+"""/v1/files (OpenAI-compatible): upload (streamed), list, retrieve, content, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, Request, delete, get, post
+from litestar.params import Parameter
+from litestar.response import Stream
+
+from ...compat.errors import InvalidRequestError
+from ...compat.openai.files import FileDeleted, FileList, FileObject
+from ..runtime import RuntimeDep
+from ..uploads import receive_upload
+
+__all__ = ["FilesController"]
+
+
+class FilesController(Controller):
+    path = "/v1/files"
+    tags = ["OpenAI"]
+
+    # No body limit here: the upload streams to the object store and `max_file_bytes`
+    # bounds it as it goes.
+    @post(status_code=200, summary="Upload a file (multipart)", request_max_body_size=None)
+    async def upload(self, request: Request, runtime: RuntimeDep) -> FileObject:
+        files = runtime.files
+        fields: dict[str, str] = {}
+
+        async def store(filename: str, chunks) -> FileObject:
+            return await files.add(filename, fields.get("purpose", "batch"), chunks)
+
+        stored = await receive_upload(
+            request.stream(),
+            request.headers.get("content-type", ""),
+            store,
+            runtime.settings.batches.max_file_bytes,
+            fields,
+        )
+        purpose = fields.get("purpose", "")
+        if stored is None:
+            raise InvalidRequestError("'file' is required", param="file", code="missing")
+        if not purpose:
+            await files.delete(stored.id)
+            raise InvalidRequestError("'purpose' is required", param="purpose", code="missing")
+        if purpose != stored.purpose:  # the purpose came after the file part
+            await files.delete(stored.id)
+            raise InvalidRequestError(
+                "Send the 'purpose' field before the 'file' part", param="purpose"
+            )
+        return stored
+
+    @get(summary="List files")
+    async def list_files(
+        self,
+        runtime: RuntimeDep,
+        purpose: str | None = None,
+        limit: Annotated[int, Parameter(ge=1, le=10_000)] = 10_000,
+        order: Annotated[str, Parameter(pattern="^(asc|desc)$")] = "desc",
+        after: str | None = None,
+    ) -> FileList:
+        return await runtime.files.list(purpose, limit, order, after or "")
+
+    @get("/{file_id:str}", summary="Retrieve a file's metadata")
+    async def retrieve(self, file_id: str, runtime: RuntimeDep) -> FileObject:
+        return await runtime.files.get(file_id)
+
+    @get("/{file_id:str}/content", summary="Download a file", media_type="application/octet-stream")
+    async def content(self, file_id: str, runtime: RuntimeDep) -> Stream:
+        return Stream(await runtime.files.content(file_id), media_type="application/octet-stream")
+
+    @delete("/{file_id:str}", status_code=200, summary="Delete a file")
+    async def remove(self, file_id: str, runtime: RuntimeDep) -> FileDeleted:
+        return await runtime.files.delete(file_id)
