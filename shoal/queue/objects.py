@@ -99,7 +99,7 @@ class LocalObjectStore:
         except OSError as exc:
             raise ObjectStoreError(f"writing {key!r} failed: {exc}") from exc
         finally:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone, or its directory never was made
                 tmp.unlink()
 
     async def put_bytes(self, key: str, data: bytes) -> None:

@@ -10,15 +10,18 @@ batch, one of which lost its lease). Every `custom_id` is thus in the output exa
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
 import msgspec
 
 from ...compat.openai.batches import BatchOutputError, BatchOutputLine, BatchOutputResponse
-from ...queue.objects import ObjectStore
+from ...queue.objects import ObjectStore, ObjectStoreError
 
-__all__ = ["Outcome", "load_parts", "part_prefix", "render", "save_part"]
+__all__ = ["Outcome", "PartWriter", "load_parts", "part_prefix", "render", "save_part"]
+
+log = logging.getLogger(__name__)
 
 NO_RESPONSE = 0
 """`Outcome.status` of a line that never got a response (expired): `body` is the error."""
@@ -50,6 +53,40 @@ async def save_part(
     objects: ObjectStore, batch_id: str, epoch: int, seq: int, outcomes: list[Outcome]
 ) -> None:
     await objects.put_bytes(f"{part_prefix(batch_id)}{epoch:06d}-{seq:08d}", _encode(outcomes))
+
+
+class PartWriter:
+    """One owner's finished lines not saved yet, saved as parts of its epoch."""
+
+    def __init__(self, objects: ObjectStore, batch_id: str, epoch: int) -> None:
+        self.objects = objects
+        self.batch_id = batch_id
+        self.epoch = epoch
+        self.pending: list[Outcome] = []
+        self._seq = 0
+
+    def add(self, outcome: Outcome) -> None:
+        self.pending.append(outcome)
+
+    async def flush(self) -> bool:
+        """Save the pending lines as a new part. False if the store failed; the lines
+        stay pending then, as they do when the save is cancelled."""
+        if not self.pending:
+            return True
+        outcomes, self.pending = self.pending, []
+        # A part key is never reused: a write cut off here (cancelled, or failed after
+        # the store took it) may still land, and a later part under the same key would
+        # overwrite it. A line saved twice is harmless: readers keep its first outcome.
+        seq, self._seq = self._seq, self._seq + 1
+        try:
+            await save_part(self.objects, self.batch_id, self.epoch, seq, outcomes)
+        except BaseException as exc:
+            self.pending = outcomes + self.pending
+            if not isinstance(exc, ObjectStoreError):
+                raise
+            log.warning("batch %s: saving progress failed, retrying: %s", self.batch_id, exc)
+            return False
+        return True
 
 
 async def load_parts(objects: ObjectStore, batch_id: str) -> AsyncIterator[list[Outcome]]:

@@ -36,7 +36,7 @@ from ...config import BatchSettings
 from ...queue.objects import ObjectStoreError
 from ..endpoints import BATCH_ENDPOINTS
 from .lines import LineError, check_line, input_lines, validate
-from .parts import NO_RESPONSE, Outcome, load_parts, part_prefix, render, save_part
+from .parts import NO_RESPONSE, Outcome, PartWriter, load_parts, part_prefix, render
 from .store import BatchRecord, BatchStore, LeaseLostError
 
 if TYPE_CHECKING:
@@ -129,8 +129,7 @@ class _BatchRun:
             self.stopped.set()
         self.done = bytearray()
         self.counts = RequestCounts(total=record.batch.request_counts.total)
-        self.unsaved: list[Outcome] = []
-        self.seq = 0
+        self.parts = PartWriter(self.objects, self.id, self.epoch)
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -243,12 +242,7 @@ class _BatchRun:
 
     async def _execute(self) -> None:
         total = self.counts.total
-        self.done = bytearray(total)
-        self.counts = RequestCounts(total=total)
-        async for part in load_parts(self.objects, self.id):
-            for outcome in part:
-                self._mark(outcome)
-        self.seq = 0
+        await self._count_saved()
         if self.counts.completed + self.counts.failed:
             log.info(
                 "batch %s: resuming with %d of %d lines done",
@@ -277,7 +271,12 @@ class _BatchRun:
             for task in running:
                 task.cancel()
             saver.cancel()
+            # A save cut off by the cancel puts its lines back to pending: wait for
+            # that before the last save, so no finished line is left out of every part.
+            await asyncio.gather(saver, return_exceptions=True)
         await self._save()
+        if self.parts.pending:  # the store is failing: resume from the saved parts later
+            raise ObjectStoreError(f"{len(self.parts.pending)} finished lines are not saved")
 
     async def _acquire(self, room: asyncio.Semaphore) -> bool:
         """Wait for room in flight; False if the batch was stopped meanwhile."""
@@ -328,6 +327,14 @@ class _BatchRun:
                 error = InternalError("Internal server error")
                 return Outcome(index, line.custom_id, 500, _encode(error.to_response()))
 
+    async def _count_saved(self) -> None:
+        """Reset `done` and the counts to what the saved parts hold."""
+        self.done = bytearray(self.counts.total)
+        self.counts = RequestCounts(total=self.counts.total)
+        async for part in load_parts(self.objects, self.id):
+            for outcome in part:
+                self._mark(outcome)
+
     def _mark(self, outcome: Outcome) -> bool:
         """Count a finished line once; False if it was already done."""
         if outcome.index >= len(self.done) or self.done[outcome.index]:
@@ -341,7 +348,7 @@ class _BatchRun:
 
     def _record(self, outcome: Outcome) -> None:
         if self._mark(outcome):
-            self.unsaved.append(outcome)
+            self.parts.add(outcome)
 
     async def _save_periodically(self) -> None:
         while True:
@@ -349,16 +356,8 @@ class _BatchRun:
             await self._save()
 
     async def _save(self) -> None:
-        if not self.unsaved:
+        if not self.parts.pending or not await self.parts.flush():
             return
-        outcomes, self.unsaved = self.unsaved, []
-        try:
-            await save_part(self.objects, self.id, self.epoch, self.seq, outcomes)
-        except ObjectStoreError as exc:
-            log.warning("batch %s: saving progress failed, retrying: %s", self.id, exc)
-            self.unsaved = outcomes + self.unsaved
-            return
-        self.seq += 1
         counts = msgspec.structs.replace(self.counts)
         await self._update(request_counts=counts)
 
@@ -366,15 +365,15 @@ class _BatchRun:
 
     async def _finalize(self) -> None:
         final = {"cancelled": "cancelled", "expired": "expired"}.get(self.stop_reason, "completed")
-        if final == "completed":
-            await self._update(status="finalizing", finalizing_at=int(time.time()))
         total = self.counts.total
-        if len(self.done) != total:  # stopped before executing: count what parts hold
-            self.done = bytearray(total)
-            self.counts = RequestCounts(total=total)
-            async for part in load_parts(self.objects, self.id):
-                for outcome in part:
-                    self._mark(outcome)
+        # Count what the parts hold, not what this run remembers: the record's counts
+        # then always match the lines the output and error files get.
+        await self._count_saved()
+        if final == "completed":
+            missing = total - self.counts.completed - self.counts.failed
+            if missing:
+                raise RuntimeError(f"{missing} lines are not saved as done")
+            await self._update(status="finalizing", finalizing_at=int(time.time()))
         expired_lines = 0
         if final == "expired":
             expired_lines = total - self.counts.completed - self.counts.failed
