@@ -60,7 +60,6 @@ async def receive_upload(
                     if len(value) > _MAX_FIELD_BYTES:
                         raise InvalidRequestError(f"Field '{event.name}' is too large")
                 fields[event.name] = value.decode("utf-8", "replace")
-        parser.close()
     except multipart.MultipartError as exc:
         raise InvalidRequestError(f"The multipart body is malformed: {exc}") from exc
     return stored
@@ -70,8 +69,7 @@ async def _events(parser: multipart.PushMultipartParser, body: AsyncIterator[byt
     async for chunk in body:
         for event in parser.parse(chunk):
             yield event
-    if not parser.closed:
-        raise multipart.MultipartError("the body ended before its final boundary")
+    parser.close()  # raises unless the final boundary was seen
 
 
 async def _segment_data(events) -> AsyncIterator[bytes]:

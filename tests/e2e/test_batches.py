@@ -218,3 +218,70 @@ def test_batches_list_paginates_newest_first(stack) -> None:
     assert second.data[0].id == made[0]
     for batch_id in made:
         wait_batch(oai, batch_id, timeout=60)
+
+
+def test_a_batch_past_its_window_expires_with_every_line_accounted_once(stack) -> None:
+    oai = client(stack)
+    lines = embed_lines(40_000, prefix="x")
+    uploaded = oai.files.create(file=("late.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    # `<n>s` windows are a Shoal extension (OpenAI accepts only 24h).
+    batch = oai.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="4s"
+    )
+    done = wait_batch(oai, batch.id, timeout=120)
+    assert done.status == "expired"
+    assert done.expired_at
+    counts = done.request_counts
+    assert counts.completed + counts.failed == 40_000
+    assert 0 < counts.completed < 40_000
+    answered = output_lines(oai, done.output_file_id)
+    expired = output_lines(oai, done.error_file_id)
+    assert len(answered) == counts.completed
+    assert {e["error"]["code"] for e in expired} == {"batch_expired"}
+    assert all(e["response"] is None for e in expired)
+    ids = [line["custom_id"] for line in answered + expired]
+    assert len(ids) == len(set(ids)) == 40_000
+
+
+def test_a_1_gib_upload_streams_through_with_bounded_gateway_memory(session_nats, tmp_path) -> None:
+    import hashlib
+
+    import httpx
+    import psutil
+
+    from tests.helpers import start_gateway
+
+    source = tmp_path / "big.jsonl"
+    block = (b'{"custom_id": "pad", "method": "POST", "url": "/v1/embeddings"}\n' * 16384)[
+        : 1 << 20
+    ]
+    digest = hashlib.sha256()
+    with open(source, "wb") as out:
+        for _ in range(1024):
+            out.write(block)
+            digest.update(block)
+    gateway, base = start_gateway(session_nats.url, tmp_path)
+    try:
+        process = psutil.Process(gateway.pid)
+        before = process.memory_info().rss
+        peak = before
+        oai = client(base)
+        with open(source, "rb") as handle:
+            uploaded = oai.files.create(file=("big.jsonl", handle), purpose="batch")
+        peak = max(peak, process.memory_info().rss)
+        assert uploaded.bytes == 1 << 30
+        downloaded = hashlib.sha256()
+        size = 0
+        with httpx.stream("GET", f"{base}/v1/files/{uploaded.id}/content", timeout=300) as got:
+            assert got.status_code == 200
+            for chunk in got.iter_bytes():
+                downloaded.update(chunk)
+                size += len(chunk)
+        peak = max(peak, process.memory_info().rss)
+        assert size == 1 << 30
+        assert downloaded.hexdigest() == digest.hexdigest()
+        # Streamed both ways: the gateway never held the file (1024 MiB) in memory.
+        assert peak - before < 200 << 20, f"gateway grew by {(peak - before) >> 20} MiB"
+        oai.files.delete(uploaded.id)
+    finally:
+        gateway.stop()
