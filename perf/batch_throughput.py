@@ -61,12 +61,13 @@ def run_batch(oai, data: bytes, timeout: float = 1800) -> tuple[float, int]:
     return seconds, lines
 
 
-def live_latencies(base: str, rate: float, count: int, texts: list[str]) -> list[float]:
+def live_latencies(base: str, rate: float, count: int, texts: list[str]) -> dict[str, list[float]]:
     """Open loop: one request every 1/rate seconds whatever the answers do, each on its own
-    thread; latencies in milliseconds."""
+    thread. Milliseconds: the whole request as the client saw it, and the server's own
+    split of it (`x-queue-time`: publish to pull; `x-inference-time`: pull to result)."""
     import httpx
 
-    latencies: list[float] = []
+    latencies: dict[str, list[float]] = {"total": [], "queue": [], "inference": []}
     lock = threading.Lock()
 
     def one(text: str) -> None:
@@ -76,7 +77,9 @@ def live_latencies(base: str, rate: float, count: int, texts: list[str]) -> list
         )
         response.raise_for_status()
         with lock:
-            latencies.append((time.perf_counter() - sent) * 1000)
+            latencies["total"].append((time.perf_counter() - sent) * 1000)
+            latencies["queue"].append(float(response.headers["x-queue-time"]))
+            latencies["inference"].append(float(response.headers["x-inference-time"]))
 
     threads = []
     start = time.perf_counter()
@@ -91,13 +94,20 @@ def live_latencies(base: str, rate: float, count: int, texts: list[str]) -> list
     return latencies
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
+def percentiles(latencies: dict[str, list[float]]) -> dict[str, float]:
+    def at(values: list[float], q: float) -> float:
+        ordered = sorted(values)
         return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
 
-    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "n": len(ordered)}
+    total = latencies["total"]
+    return {
+        "p50": at(total, 0.5),
+        "p90": at(total, 0.9),
+        "p99": at(total, 0.99),
+        "n": len(total),
+        "queue_p50": at(latencies["queue"], 0.5),
+        "inference_p50": at(latencies["inference"], 0.5),
+    }
 
 
 def main() -> None:
@@ -135,7 +145,7 @@ def main() -> None:
             wait_ready(base, worker)
             oai = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
             live_latencies(base, args.rate, 20, texts)  # warm up
-            for per_line in [int(x) for x in args.per_line.split(",")]:
+            for per_line in [int(x) for x in args.per_line.split(",") if x]:
                 seconds, lines = run_batch(oai, batch_file(texts, per_line))
                 results.append(
                     {
@@ -177,10 +187,16 @@ def main() -> None:
         f"| {r['target']} | {r['seconds']} | {r['texts_per_s']} | {r['ratio_to_limit']} |"
         for r in results
     ]
-    lat = ["| live single-text embeddings | p50 ms | p90 ms | p99 ms | n |"]
-    lat.append("|---|---|---|---|---|")
+    lat = [
+        "| live single-text embeddings | p50 ms | p90 ms | p99 ms | n "
+        "| queue p50 ms | inference p50 ms |"
+    ]
+    lat.append("|---|---|---|---|---|---|---|")
     for name, v in latency.items():
-        lat.append(f"| {name} | {v['p50']} | {v['p90']} | {v['p99']} | {v['n']} |")
+        lat.append(
+            f"| {name} | {v['p50']} | {v['p90']} | {v['p99']} | {v['n']} "
+            f"| {v['queue_p50']} | {v['inference_p50']} |"
+        )
     md = "\n".join(
         [
             f"# Batch jobs, {report['when']}",

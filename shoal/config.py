@@ -122,7 +122,7 @@ class BatchSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_file_bytes: int = 8 << 30
     """Largest upload to /v1/files."""
     max_in_flight: int = 512
-    """Requests of one batch queued or running at once (flow control)."""
+    """Lines of one batch queued or running at once (flow control)."""
     max_batches_running: int = 4
     """Batches one runner works on at once."""
     lease_seconds: float = 15.0
@@ -135,6 +135,10 @@ class BatchSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds in-flight requests of a cancelled batch get to finish."""
     max_validation_errors: int = 1000
     """Errors reported per failed validation (the rest are counted)."""
+    pack_inputs: int = 64
+    """Consecutive embeddings lines with the same model and options go to the queue as
+    one request of up to this many inputs (each line still gets its own answer and counts
+    as one line in flight); 1 sends every line alone."""
 
 
 class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -155,6 +159,9 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """torch intra-op threads; 0 leaves torch's default (one per core)."""
     max_held_jobs: int = 64
     """Most work items one worker holds (pulled, not yet acked); the rest stay queued."""
+    batch_slice_ms: float = 10.0
+    """While live traffic is about, batch-lane forward passes are cut to take about this
+    long (and run on half the CPU threads), so live requests wait little behind them."""
     heartbeat_interval: float = 1.0
 
 

@@ -32,6 +32,20 @@ class Vectors(msgspec.Struct, frozen=True):
     prompt_tokens: int
     queue_ms: float
     inference_ms: float
+    row_tokens: list[int] = []
+    """Each row's input tokens (empty from a worker that does not report them)."""
+
+    def rows_between(self, start: int, stop: int) -> Vectors:
+        """Rows `start:stop` as their own Vectors, usage theirs alone (without a copy of
+        the bytes beyond the slice)."""
+        step = len(self.data) // max(1, self.rows)
+        return msgspec.structs.replace(
+            self,
+            data=self.data[start * step : stop * step],
+            rows=stop - start,
+            prompt_tokens=sum(self.row_tokens[start:stop]),
+            row_tokens=self.row_tokens[start:stop],
+        )
 
 
 def build_embed_jobs(
@@ -84,4 +98,5 @@ def join_vectors(results: Sequence[EmbedResult]) -> Vectors:
         prompt_tokens=sum(r.prompt_tokens for r in results),
         queue_ms=max(r.queue_ms for r in results),
         inference_ms=max(r.inference_ms for r in results),
+        row_tokens=[n for r in results for n in r.row_tokens],
     )

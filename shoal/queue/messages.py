@@ -194,6 +194,9 @@ class EmbedResult(_ResultCommon, tag="embed_result", kw_only=True):
     rows: int
     dims: int
     dtype: Dtype = "float32"
+    row_tokens: list[int] = []
+    """Tokens of each row's input (their sum is `prompt_tokens`), so a request that
+    carries several callers' inputs can give each its own usage."""
 
 
 class MultiVectorResult(_ResultCommon, tag="multivector_result", kw_only=True):

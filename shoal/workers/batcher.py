@@ -91,15 +91,16 @@ class Batcher(Generic[T]):
         at = self.ready_at()
         return at is not None and at <= self._clock()
 
-    def take(self, token_share: float = 1.0, item_share: float = 1.0) -> list[T]:
+    def take(self, token_share: float = 1.0) -> list[T]:
         """The next batch (empty if nothing is pending): the oldest unit, joined by the
         pending units closest to it in length (older first among equals), up to the item
-        budget and while rows x longest row stays within the token budget; the shares
-        scale both budgets down (for low-priority work while live work is about)."""
+        budget and while rows x longest row stays within the token budget, scaled down by
+        `token_share` (for low-priority work while live work is about). A batch has at
+        least one unit, whatever its length."""
         if not self._units:
             return []
         max_tokens = max(1, int(self.profile.max_batch_tokens * token_share))
-        max_items = max(1, int(self.profile.max_batch_items * item_share))
+        max_items = self.profile.max_batch_items
         pending = [unit for _, unit in self._units]
         target = pending[0].cost
         order = sorted(range(len(pending)), key=lambda i: (abs(pending[i].cost - target), i))

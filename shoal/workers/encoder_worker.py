@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
+import torch
 
 from ..config import Settings
 from ..model_registry import LiveRegistry, ModelSpec, SourceResolver
@@ -64,8 +65,14 @@ log = logging.getLogger(__name__)
 
 _POOL_BATCHES = 4
 _LIVE_TRAFFIC_HORIZON = 2.0
-"""Seconds after an interactive arrival during which batch-lane batches stay small."""
-_BATCH_LANE_SHARE = 0.25
+"""Seconds after an interactive arrival during which batch-lane work yields to it."""
+_IDLE_SLICES = 10
+"""With no live traffic about, a batch-lane forward may take this many slices: it bounds
+what the first live request to arrive waits for (on a CPU, batches past a few inputs
+hardly gain throughput; on a GPU, ten slices are a large batch)."""
+_BATCH_LANE_LIVE_FETCH = 2
+"""Batch-lane items pulled at a time while live traffic is about (each is tokenized on
+the thread live work is tokenized on)."""
 _BATCH_LANE_POLL = 0.02
 """Seconds between looks for spare capacity to pull batch-lane work into."""
 
@@ -99,6 +106,9 @@ class EncoderWorker:
         self._changed = asyncio.Event()
         self._loading: set[asyncio.Task] = set()
         self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
+        self._full_threads = torch.get_num_threads()
+        # Batch-lane forwards leave half the cores to the live path while it is busy.
+        self._yield_threads = max(1, self._full_threads // 2)
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
         device = settings.worker.device
         budget = settings.worker.memory_budget or int(0.7 * available_memory(_device(device)))
@@ -245,7 +255,8 @@ class EncoderWorker:
         queued_limit = _POOL_BATCHES * lane.spec.profile.max_batch_items
         while not self._stopping:
             free = max_held - len(self._held)
-            if free <= 0 or lane.queued >= queued_limit:
+            # Only live work counts here: batch-lane work never keeps live work unpulled.
+            if free <= 0 or lane.interactive_queued >= queued_limit:
                 self._room.clear()
                 await self._room.wait()
                 continue
@@ -270,7 +281,8 @@ class EncoderWorker:
             return 0
         held_batch = sum(1 for held in self._held.values() if held.batch_lane)
         max_held = self.settings.worker.max_held_jobs
-        return max(0, min(max_held // 2 - held_batch, max_held - len(self._held), 16))
+        most = _BATCH_LANE_LIVE_FETCH if self._live_traffic_about() else 16
+        return max(0, min(max_held // 2 - held_batch, max_held - len(self._held), most))
 
     async def _pull_batch_lane(self, lane: Lane) -> None:
         assert lane.batch_source is not None
@@ -383,7 +395,12 @@ class EncoderWorker:
             lane, key = due
             batcher = lane.batchers[key]
             await self._drop_expired(batcher)
-            await self._run_batch(lane, key[0], key[1], batcher.take(*self._batch_lane_cap(key)))
+            share, threads = 1.0, self._full_threads
+            if key[2]:
+                live = self._live_traffic_about()
+                share = self._batch_slice_share(lane, batcher, 1 if live else _IDLE_SLICES)
+                threads = self._yield_threads if live else self._full_threads
+            await self._run_batch(lane, key[0], key[1], batcher.take(share), threads)
 
     def _next_due(self) -> tuple[tuple[Lane, BatcherKey] | None, float | None]:
         """The batch due soonest on a resident model, if due now; else when one will be.
@@ -407,15 +424,23 @@ class EncoderWorker:
             return None, best[0]
         return None, None
 
-    def _batch_lane_cap(self, key: BatcherKey) -> tuple[float, float]:
-        """Budget fractions for the next batch: while live traffic is about, batch-lane
-        batches are cut to a quarter, so a live request that arrives during one waits
-        for a short forward pass, not a full one."""
-        if key[2] and self._clock() - self._last_interactive < _LIVE_TRAFFIC_HORIZON:
-            return _BATCH_LANE_SHARE, _BATCH_LANE_SHARE
-        return 1.0, 1.0
+    def _live_traffic_about(self) -> bool:
+        return self._clock() - self._last_interactive < _LIVE_TRAFFIC_HORIZON
 
-    async def _run_batch(self, lane: Lane, op: str, lora: str, batch: list[Unit]) -> None:
+    def _batch_slice_share(self, lane: Lane, batcher: Batcher[Unit], slices: int) -> float:
+        """The share of the token budget a batch-lane forward may take: as many tokens as
+        the model runs in `slices` x `batch_slice_ms` (from its measured cost per token),
+        so a live request that arrives during one waits for a short forward pass, not a
+        full one. Until measured, one input at a time."""
+        if lane.seconds_per_token <= 0:
+            return 0.0
+        budget = slices * self.settings.worker.batch_slice_ms / 1000
+        tokens = budget / lane.seconds_per_token
+        return min(1.0, tokens / batcher.profile.max_batch_tokens)
+
+    async def _run_batch(
+        self, lane: Lane, op: str, lora: str, batch: list[Unit], threads: int
+    ) -> None:
         batch = [u for u in batch if not u.held.done]
         if not batch:
             return
@@ -432,15 +457,17 @@ class EncoderWorker:
                     return
             loop = asyncio.get_running_loop()
             toks = [u.tok for u in batch]
+            started = self._clock()
             try:
                 outputs = await loop.run_in_executor(
-                    self._forward, _forward, lane.adapter, op, lora, toks
+                    self._forward, _forward, lane.adapter, op, lora, toks, threads
                 )
             except Exception:
                 log.exception("forward pass failed for %s (batch of %d)", lane.model, len(batch))
                 for held in _jobs_of(batch):
                     await self._retry_or_fail(held)
                 return
+            lane.note_forward(self._clock() - started, len(batch) * max(u.cost for u in batch))
             self.batches_run += 1
             self.batch_sizes.append(len(batch))
             for unit, output in zip(batch, outputs, strict=True):
@@ -598,8 +625,11 @@ def _jobs_of(units: list[Unit]) -> list[HeldJob]:
     return list({id(u.held): u.held for u in units}.values())
 
 
-def _forward(adapter: EncoderAdapter, op: str, lora: str, toks: list[Tokenized]):
-    """On the forward thread: one batch, with its LoRA adapter active (or the base)."""
+def _forward(adapter: EncoderAdapter, op: str, lora: str, toks: list[Tokenized], threads: int):
+    """On the forward thread: one batch, with its LoRA adapter active (or the base), on
+    `threads` intra-op threads."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     if adapter.lora is None:
         return adapter.forward(op, toks)
     with adapter.lora.active(lora):

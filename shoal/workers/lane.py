@@ -40,6 +40,15 @@ class Lane:
         self.batch_source: WorkSource | None = None
         """The low-priority batch lane of this model, pulled only into spare capacity."""
         self.batch_pull_task = None
+        self.seconds_per_token = 0.0
+        """Forward-pass time per padded token, a moving average (0 until measured)."""
+
+    def note_forward(self, seconds: float, padded_tokens: int) -> None:
+        per_token = seconds / max(1, padded_tokens)
+        if self.seconds_per_token <= 0:
+            self.seconds_per_token = per_token
+        else:
+            self.seconds_per_token += 0.2 * (per_token - self.seconds_per_token)
 
     @property
     def model(self) -> str:

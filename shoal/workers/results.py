@@ -81,6 +81,7 @@ def _embed(held: HeldJob, adapter: EncoderAdapter, timing: dict) -> EmbedResult:
         rows=vectors.shape[0],
         dims=vectors.shape[1],
         dtype=job.dtype,
+        row_tokens=[len(tok.ids) for tok in held.tokens],
         **timing,
     )
 

@@ -3,6 +3,7 @@ every line answered once with its custom_id, validation before anything runs, ca
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import time
@@ -47,6 +48,12 @@ def submit(oai: OpenAI, lines: list[dict], endpoint: str, name: str = "input.jso
     return oai.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h")
 
 
+def as_floats(embedding: list[float] | str) -> np.ndarray:
+    if isinstance(embedding, str):
+        return np.frombuffer(base64.b64decode(embedding), dtype="<f4")
+    return np.asarray(embedding)
+
+
 def embed_lines(n: int, prefix: str = "e") -> list[dict]:
     return [
         {
@@ -84,9 +91,53 @@ def test_embeddings_batch_answers_every_line_once_equal_to_the_live_route(stack)
     vector = np.array(sample["response"]["body"]["data"][0]["embedding"])
     live = oai.embeddings.create(model=MODEL, input=lines[1234]["body"]["input"])
     assert np.allclose(vector, np.array(live.data[0].embedding), atol=1e-5)
+    assert sample["response"]["body"]["usage"] == live.usage.model_dump()
     meta = oai.files.retrieve(done.output_file_id)
     assert meta.purpose == "batch_output"
     assert meta.bytes > 0
+
+
+def test_embeddings_lines_sent_together_are_each_answered_as_the_live_route(stack) -> None:
+    """Consecutive lines share queued requests (packing); one line the live route refuses
+    gets its own 400 and its neighbours are still answered, each with its own usage."""
+    oai = client(stack)
+    long_text = "word " * 2000
+    bodies = [
+        {"model": MODEL, "input": ["two inputs", "in one line"]},
+        {"model": MODEL, "input": "one input", "user": "someone"},
+        {"model": MODEL, "input": long_text, "truncate": False},
+        {"model": MODEL, "input": "a short one", "dimensions": 8},
+        {"model": MODEL, "input": "base64 please", "encoding_format": "base64"},
+        {"model": MODEL, "input": [101, 7592, 102]},
+        {"model": MODEL, "input": "the last one"},
+    ]
+    lines = [
+        {"custom_id": f"p-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+        for i, body in enumerate(bodies)
+    ]
+    done = wait_batch(oai, submit(oai, lines, "/v1/embeddings").id, timeout=120)
+    assert done.status == "completed", done
+    assert (done.request_counts.completed, done.request_counts.failed) == (6, 1)
+    answered = {line["custom_id"]: line for line in output_lines(oai, done.output_file_id)}
+    failed = output_lines(oai, done.error_file_id)
+    assert [line["custom_id"] for line in failed] == ["p-2"]
+    assert failed[0]["response"]["status_code"] == 400
+    assert "input" in failed[0]["response"]["body"]["error"]["message"]
+    for i, body in enumerate(bodies):
+        if i == 2:
+            continue
+        got = answered[f"p-{i}"]["response"]["body"]
+        extra = {k: v for k, v in body.items() if k not in ("model", "input", "encoding_format")}
+        live = oai.embeddings.create(
+            model=MODEL,
+            input=body["input"],
+            encoding_format=body.get("encoding_format", "float"),
+            extra_body=extra or None,
+        )
+        assert got["usage"] == live.usage.model_dump()
+        assert [d["index"] for d in got["data"]] == [d.index for d in live.data]
+        for mine, theirs in zip(got["data"], live.data, strict=True):
+            assert np.allclose(as_floats(mine["embedding"]), as_floats(theirs.embedding), atol=1e-5)
 
 
 def test_chat_batch_of_500_lines(stack) -> None:

@@ -25,8 +25,8 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -36,6 +36,7 @@ from ...config import BatchSettings
 from ...queue.objects import ObjectStoreError
 from ..endpoints import BATCH_ENDPOINTS
 from .lines import LineError, check_line, input_lines, validate
+from .packing import Pack, PackedLine, packed_line
 from .parts import NO_RESPONSE, Outcome, PartWriter, load_parts, part_prefix, render
 from .store import BatchRecord, BatchStore, LeaseLostError
 
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 _RETRYABLE = frozenset({429, 502, 503, 504})
 _WINDOW = re.compile(r"^(\d+)([hms])$")
+T = TypeVar("T")
 
 
 def completion_window_seconds(window: str) -> int | None:
@@ -130,6 +132,8 @@ class _BatchRun:
         self.done = bytearray()
         self.counts = RequestCounts(total=record.batch.request_counts.total)
         self.parts = PartWriter(self.objects, self.id, self.epoch)
+        limits = runner.runtime.settings.gateway
+        self.pack_inputs = min(self.settings.pack_inputs, limits.max_inputs)
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -252,8 +256,16 @@ class _BatchRun:
             )
         room = asyncio.Semaphore(self.settings.max_in_flight)
         running: set[asyncio.Task] = set()
+
+        def send(answer: Coroutine[Any, Any, list[Outcome]], lines: int) -> None:
+            """Run `answer`, which holds `lines` places in flight until it is done."""
+            task = asyncio.create_task(self._run(answer, room, lines))
+            running.add(task)
+            task.add_done_callback(running.discard)
+
         saver = asyncio.create_task(self._save_periodically())
         try:
+            pack: Pack | None = None
             index = -1
             async for _, raw in self._lines():
                 index += 1
@@ -261,11 +273,23 @@ class _BatchRun:
                     break
                 if self.done[index]:
                     continue
+                if room.locked() and pack is not None:  # the pack holds the last places
+                    send(self._answer_pack(pack), len(pack.lines))
+                    pack = None
                 if not await self._acquire(room):
                     break
-                task = asyncio.create_task(self._run_line(index, raw, room))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                line = self._packable(index, raw)
+                if line is not None and pack is not None and pack.offer(line):
+                    continue
+                if pack is not None:
+                    send(self._answer_pack(pack), len(pack.lines))
+                    pack = None
+                if line is not None:
+                    pack = Pack(line, self.pack_inputs)
+                else:
+                    send(self._answer_one(index, raw), 1)
+            if pack is not None and not self.stopped.is_set():
+                send(self._answer_pack(pack), len(pack.lines))
             await self._drain(running)
         finally:
             for task in running:
@@ -300,32 +324,76 @@ class _BatchRun:
         if running and self.stop_reason == "cancelled":
             await asyncio.wait(set(running), timeout=self.settings.cancel_grace)
 
-    async def _run_line(self, index: int, raw: bytes, room: asyncio.Semaphore) -> None:
+    async def _run(
+        self, answer: Awaitable[list[Outcome]], room: asyncio.Semaphore, lines: int
+    ) -> None:
+        """Record the answered lines; their places in flight are free again either way."""
         try:
-            self._record(await self._answer(index, raw))
+            for outcome in await answer:
+                self._record(outcome)
         finally:
-            room.release()
+            for _ in range(lines):
+                room.release()
 
-    async def _answer(self, index: int, raw: bytes) -> Outcome:
+    def _packable(self, index: int, raw: bytes) -> PackedLine | None:
+        if self.pack_inputs <= 1 or self.endpoint.op != "embed":
+            return None
         try:
             line = check_line(raw, self.batch.endpoint, self.endpoint, self.runtime.resolve)
-        except LineError as exc:  # valid at validation; the registry changed since
-            return Outcome(index, _custom_id(raw), 400, _error_body(exc.message, exc.code))
+        except LineError:
+            return None  # answered alone, with the error
+        return packed_line(index, line.custom_id, raw, line.body)
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, again after what the queue refused or timed out (429/502/503/504),
+        with backoff, until the batch is stopped."""
         delay = 0.5
         while True:
             try:
-                response = await self.endpoint.call(self.runtime, line.body)
-                return Outcome(index, line.custom_id, 200, _encode(response))
+                return await call()
             except ShoalError as exc:
-                if exc.status_code in _RETRYABLE and not self.stopped.is_set():
-                    await asyncio.sleep(max(delay, exc.retry_after or 0))
-                    delay = min(delay * 2, 30.0)
-                    continue
-                return Outcome(index, line.custom_id, exc.status_code, _encode(exc.to_response()))
+                if exc.status_code not in _RETRYABLE or self.stopped.is_set():
+                    raise
+                await asyncio.sleep(max(delay, exc.retry_after or 0))
+                delay = min(delay * 2, 30.0)
+
+    async def _answer_one(self, index: int, raw: bytes) -> list[Outcome]:
+        try:
+            line = check_line(raw, self.batch.endpoint, self.endpoint, self.runtime.resolve)
+        except LineError as exc:  # valid at validation; the registry changed since
+            return [Outcome(index, _custom_id(raw), 400, _error_body(exc.message, exc.code))]
+        try:
+            response = await self._retrying(lambda: self.endpoint.call(self.runtime, line.body))
+            return [Outcome(index, line.custom_id, 200, _encode(response))]
+        except ShoalError as exc:
+            body = _encode(exc.to_response())
+            return [Outcome(index, line.custom_id, exc.status_code, body)]
+        except Exception:
+            log.exception("batch %s: line %d failed", self.id, index)
+            body = _encode(InternalError("Internal server error").to_response())
+            return [Outcome(index, line.custom_id, 500, body)]
+
+    async def _answer_pack(self, pack: Pack) -> list[Outcome]:
+        """One request for the whole pack; if it is refused (one line's input is bad, the
+        pack is too large for some limit), each line alone, as the live route answers it."""
+        if len(pack.lines) > 1:
+            try:
+                vectors, model = await self._retrying(lambda: pack.embed(self.runtime))
+                bodies = pack.answers(vectors, model)
+                return [
+                    Outcome(line.index, line.custom_id, 200, body)
+                    for line, body in zip(pack.lines, bodies, strict=True)
+                ]
+            except ShoalError as exc:
+                if self.stopped.is_set():
+                    body = _encode(exc.to_response())
+                    status = exc.status_code
+                    return [Outcome(x.index, x.custom_id, status, body) for x in pack.lines]
+                log.info("batch %s: a pack was refused (%s); its lines go alone", self.id, exc)
             except Exception:
-                log.exception("batch %s: line %d failed", self.id, index)
-                error = InternalError("Internal server error")
-                return Outcome(index, line.custom_id, 500, _encode(error.to_response()))
+                log.exception("batch %s: a pack failed; its lines go alone", self.id)
+        alone = await asyncio.gather(*(self._answer_one(x.index, x.raw) for x in pack.lines))
+        return [outcome for outcomes in alone for outcome in outcomes]
 
     async def _count_saved(self) -> None:
         """Reset `done` and the counts to what the saved parts hold."""

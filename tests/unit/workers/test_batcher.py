@@ -117,3 +117,11 @@ def test_drop_removes_units_and_their_tokens() -> None:
     assert [u.name for u in dropped] == ["drop"]
     assert batcher.pending_tokens == 5
     assert len(batcher) == 1
+
+
+def test_a_token_share_cuts_the_batch_but_never_to_nothing() -> None:
+    batcher, _ = make(max_tokens=1000, max_items=8)
+    batcher.add([U(16, str(i)) for i in range(10)])
+    assert len(batcher.take(token_share=0.032)) == 2  # 32 of 1000 tokens: two rows of 16
+    assert len(batcher.take(token_share=0.0)) == 1
+    assert len(batcher.take()) == 7
