@@ -66,7 +66,9 @@ def embed_lines(n: int, prefix: str = "e") -> list[dict]:
     ]
 
 
-def test_embeddings_batch_answers_every_line_once_equal_to_the_live_route(stack) -> None:
+def test_embeddings_batch_answers_every_line_once_equal_to_the_live_route(
+    stack, session_dir
+) -> None:
     oai = client(stack)
     lines = embed_lines(5000)
     batch = submit(oai, lines, "/v1/embeddings")
@@ -95,6 +97,8 @@ def test_embeddings_batch_answers_every_line_once_equal_to_the_live_route(stack)
     meta = oai.files.retrieve(done.output_file_id)
     assert meta.purpose == "batch_output"
     assert meta.bytes > 0
+    progress = session_dir / "objects" / "batches" / done.id
+    assert not [p for p in progress.rglob("*") if p.is_file()]  # saved parts cleaned up
 
 
 def test_embeddings_lines_sent_together_are_each_answered_as_the_live_route(stack) -> None:

@@ -472,10 +472,8 @@ class _BatchRun:
             request_counts=msgspec.structs.replace(self.counts),
             **{stamps[final]: now},
         )
-        with contextlib.suppress(Exception):
-            await self.store.change(
-                self.id, lambda r: msgspec.structs.replace(r, owner=""), owner=self.owner
-            )
+        # The lease is left as it is: a final batch is never claimed again, and releasing
+        # it here would make the lease keeper, still running, cancel this cleanup.
         for key in await self.objects.list(part_prefix(self.id)):
             with contextlib.suppress(ObjectStoreError):
                 await self.objects.delete(key)
