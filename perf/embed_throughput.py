@@ -23,7 +23,6 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -31,7 +30,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shoal.client import embed  # noqa: E402
+from shoal.client import Client  # noqa: E402
 from shoal.queue.embedded import EmbeddedNats  # noqa: E402
 from tests.helpers import MODEL, start_gateway, start_worker, wait_ready  # noqa: E402
 
@@ -142,20 +141,14 @@ async def through_openai(base: str, texts: list[str], batch: int, concurrency: i
 
 
 def through_native(base: str, texts: list[str], batch: int, concurrency: int) -> float:
-    chunks = [texts[i : i + batch] for i in range(0, len(texts), batch)]
-    clients = [httpx.Client(timeout=300) for _ in range(concurrency)]
-
-    def one(i: int) -> None:
-        vectors = embed(chunks[i], model=MODEL, base_url=base, client=clients[i % concurrency])
-        assert vectors.shape[0] == len(chunks[i])
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(one, range(min(concurrency, len(chunks)))))  # warm up
+    with Client(base, timeout=300) as client:
+        warm = texts[: batch * concurrency]
+        list(client.embed_iter(warm, model=MODEL, batch_size=batch, concurrency=concurrency))
         started = time.perf_counter()
-        list(pool.map(one, range(len(chunks))))
+        vectors = client.embed_iter(texts, model=MODEL, batch_size=batch, concurrency=concurrency)
+        rows = sum(v.shape[0] for v in vectors)
         elapsed = time.perf_counter() - started
-    for client in clients:
-        client.close()
+    assert rows == len(texts)
     return elapsed
 
 

@@ -14,6 +14,7 @@ import msgspec
 
 from ._constraints import ModelName
 from .embed import EmbedOptions, Vectors
+from .errors import InvalidRequestError
 from .extensions import ShoalOptions
 
 __all__ = ["NativeEmbedRequest", "NativeEmbedResponse", "NativeUsage"]
@@ -30,6 +31,12 @@ class NativeEmbedRequest(msgspec.Struct, kw_only=True):
 
     def options(self) -> EmbedOptions:
         return EmbedOptions(dimensions=self.dimensions, truncate=self.truncate, dtype=self.dtype)
+
+    def texts(self) -> list[str]:
+        """Raises: InvalidRequestError for an empty string (as the JSON route does)."""
+        if any(not text for text in self.inputs):
+            raise InvalidRequestError("'inputs' must not contain empty strings", param="inputs")
+        return self.inputs
 
 
 class NativeUsage(msgspec.Struct):

@@ -49,7 +49,7 @@ class NativeController(Controller):
         runtime: RuntimeDep,
     ) -> Response[bytes]:
         target = runtime.resolve(data.model, "embed", data.shoal)
-        vectors = await runtime.embed(target, data.options(), texts=data.inputs)
+        vectors = await runtime.embed(target, data.options(), texts=data.texts())
         body = _encode(NativeEmbedResponse.from_vectors(vectors, target.name))
         return Response(body, media_type=MSGPACK, headers=timing_headers(vectors))
 
