@@ -1,4 +1,4 @@
-"""The `shoal` command: serve | gateway | worker | batch."""
+"""The `shoal` command: serve | gateway | worker | batch | embed."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from . import __version__
 from .batch_cli import add_batch_commands, run_batch_command
 from .config import Settings, load_settings
+from .embed_cli import add_embed_command
 
 __all__ = ["main"]
 
@@ -46,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--nats-url")
     worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     add_batch_commands(sub)
+    add_embed_command(sub)
     return parser
 
 
@@ -75,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "batch":
         return run_batch_command(args)
+    if args.command == "embed":
+        from .embed_cli import run_embed_command
+
+        return run_embed_command(args)
     try:
         settings = _settings(args)
     except (ValueError, OSError) as exc:
