@@ -65,6 +65,9 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     duplicate_window: float = 120.0
     """Seconds within which a repeated `Nats-Msg-Id` is dropped by the server."""
     connect_timeout: float = 5.0
+    offload_bytes: int = 1 << 20
+    """Work items and replies longer than this (or than the server's `max_payload`, less
+    16 KiB) travel through the object store (`objects`), a reference in their place."""
 
 
 class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -55,8 +55,10 @@ from ..queue import (
     QueueUnavailableError,
     Subjects,
 )
+from ..queue.errors import PayloadStoreError
 from ..queue.messages import Result
 from ..queue.objects import open_object_store
+from ..queue.payloads import PayloadStore
 from .batches.store import BatchStore
 from .files import FileStore
 
@@ -94,7 +96,8 @@ class Runtime:
         self.files = files
         self.batches = batches
         subjects = Subjects(settings.nats.subject_prefix)
-        self.dispatcher = Dispatcher(bus, subjects, settings.gateway, settings.nats)
+        payloads = PayloadStore(files.objects, settings.nats.offload_bytes, bus.max_payload)
+        self.dispatcher = Dispatcher(bus, subjects, settings.gateway, settings.nats, payloads)
         self.sources = SourceResolver(Path(settings.data_dir) / "cache", settings.s3)
         self.started_at = int(time.time())
         self.lane: Lane = "interactive"
@@ -252,6 +255,14 @@ def as_shoal_error(exc: Exception, model: str) -> Exception:
             return UnavailableError(
                 f"No worker is serving model '{model}' right now",
                 code="no_worker",
+                retry_after=exc.retry_after,
+            )
+        case PayloadStoreError():
+            log.warning("payload store: %s", exc)
+            return UnavailableError(
+                "The request is too large for one queue message and the payload store "
+                "is unreachable; retry after a moment",
+                code="payload_store_unavailable",
                 retry_after=exc.retry_after,
             )
         case QueueUnavailableError():

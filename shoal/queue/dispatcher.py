@@ -7,6 +7,10 @@ counts once; a reply for a request nobody waits for any more is dropped.
 
 Heartbeats from workers tell which models have a live worker, for `/ready` and for
 answering 503 at once instead of queueing work no one will take.
+
+Items and replies too large for one NATS message go through the payload store
+(payloads.py); the dispatcher deletes a request's stored items when it is over, however
+it ends, and a stored reply once read.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ from .errors import (
 )
 from .messages import (
     OP_OF_JOB,
+    ErrorKind,
     GenerateChunk,
     GenerateJob,
     Job,
     JobFailed,
+    PayloadRef,
+    Reply,
     Result,
     WorkerHeartbeat,
     decode_heartbeat,
@@ -41,6 +48,8 @@ from .messages import (
     encode,
 )
 from .nats import Bus
+from .objects import ObjectStoreError
+from .payloads import PayloadStore
 from .provision import ensure_work_stream
 from .subjects import Lane, Subjects
 
@@ -85,8 +94,10 @@ class Dispatcher:
         subjects: Subjects,
         gateway: GatewaySettings,
         nats: NatsSettings,
+        payloads: PayloadStore,
     ) -> None:
         self._bus = bus
+        self._payloads = payloads
         self._subjects = subjects
         self._gateway = gateway
         self._nats = nats
@@ -97,6 +108,7 @@ class Dispatcher:
         self._streams: dict[str, asyncio.Queue] = {}
         self._workers: dict[str, LiveWorker] = {}
         self._started_at = time.time()
+        self._fetching: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         await ensure_work_stream(self._bus, self._nats, self._subjects)
@@ -128,16 +140,33 @@ class Dispatcher:
             raise QueueUnavailableError("not connected to NATS")
         subject = self._subjects.work(lane, model, OP_OF_JOB[type(jobs[0])])  # type: ignore[arg-type]
         pending = self._pending[request_id] = _Pending(len(jobs))
+        stored: list[str] = []
         try:
-            await self._bus.publish_work(
-                [(subject, encode(job), f"{request_id}.{job.part}") for job in jobs]
-            )
+            await self._publish(subject, jobs, stored)
             try:
                 return await asyncio.wait_for(pending.future, deadline - time.time())
             except TimeoutError:
                 raise DeadlineExceededError() from None
         finally:
             del self._pending[request_id]
+            await self._payloads.discard(stored)
+
+    async def _publish(self, subject: str, jobs: Sequence[Job], stored: list[str]) -> None:
+        """Publish the jobs, each too large for a message through the payload store
+        (its key added to `stored`).
+
+        Raises:
+            PayloadStoreError: an item too large for a message could not be stored.
+        """
+        items = []
+        for job in jobs:
+            message, key = await self._payloads.offload(
+                encode(job), job.request_id, job.part, job.reply_to, "job"
+            )
+            if key is not None:
+                stored.append(key)
+            items.append((subject, message, f"{job.request_id}.{job.part}"))
+        await self._bus.publish_work(items)
 
     async def stream(
         self, request_id: str, job: GenerateJob, lane: Lane, deadline: float
@@ -158,9 +187,10 @@ class Dispatcher:
         queue: asyncio.Queue[GenerateChunk | JobFailed] = asyncio.Queue()
         self._streams[request_id] = queue
         finished = False
+        stored: list[str] = []
         try:
             subject = self._subjects.work(lane, job.model, "generate")
-            await self._bus.publish_work([(subject, encode(job), f"{request_id}.{job.part}")])
+            await self._publish(subject, [job], stored)
             while True:
                 try:
                     reply = await asyncio.wait_for(queue.get(), deadline - time.time())
@@ -175,6 +205,7 @@ class Dispatcher:
                     return
         finally:
             del self._streams[request_id]
+            await self._payloads.discard(stored)
             if not finished:
                 await self.cancel(request_id)
 
@@ -189,6 +220,37 @@ class Dispatcher:
         except msgspec.DecodeError:
             log.warning("dropped an undecodable reply (%d bytes)", len(payload))
             return
+        if isinstance(reply, PayloadRef):
+            task = asyncio.create_task(self._fetch_reply(reply))
+            self._fetching.add(task)
+            task.add_done_callback(self._fetching.discard)
+            return
+        self._deliver(reply)
+
+    async def _fetch_reply(self, ref: PayloadRef) -> None:
+        """A reply that went through the payload store: read it, delete it, deliver it."""
+        try:
+            payload = await self._payloads.fetch(ref)
+        except ObjectStoreError as exc:
+            log.warning("dropped a stored reply for %s: %s", ref.request_id, exc)
+            payload = b""
+        finally:
+            await self._payloads.discard([ref.key])
+        try:
+            reply = decode_reply(payload)
+        except msgspec.DecodeError:
+            reply = None
+        if reply is None or isinstance(reply, PayloadRef):
+            # Never a silent drop: the request fails now instead of timing out.
+            reply = JobFailed(
+                request_id=ref.request_id,
+                part=ref.part,
+                kind=ErrorKind.UNAVAILABLE,
+                message="the reply could not be read from the payload store",
+            )
+        self._deliver(reply)
+
+    def _deliver(self, reply: Reply) -> None:
         stream = self._streams.get(reply.request_id)
         if stream is not None:
             if isinstance(reply, (GenerateChunk, JobFailed)):

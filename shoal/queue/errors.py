@@ -9,6 +9,7 @@ __all__ = [
     "JobFailedError",
     "KeyConflictError",
     "NoWorkerError",
+    "PayloadStoreError",
     "QueueError",
     "QueueFullError",
     "QueueUnavailableError",
@@ -41,6 +42,14 @@ class NoWorkerError(QueueError):
     def __init__(self, model: str, retry_after: float = 5.0) -> None:
         super().__init__(model)
         self.model = model
+        self.retry_after = retry_after
+
+
+class PayloadStoreError(QueueError):
+    """A message too large for NATS could not be put in the payload store."""
+
+    def __init__(self, detail: str, retry_after: float = 2.0) -> None:
+        super().__init__(detail)
         self.retry_after = retry_after
 
 

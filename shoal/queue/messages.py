@@ -37,6 +37,7 @@ __all__ = [
     "MultiVectorResult",
     "NerJob",
     "NerResult",
+    "PayloadRef",
     "Reply",
     "RerankJob",
     "Result",
@@ -47,6 +48,7 @@ __all__ = [
     "decode_heartbeat",
     "decode_job",
     "decode_job_header",
+    "decode_job_message",
     "decode_reply",
     "encode",
 ]
@@ -277,6 +279,18 @@ class JobFailed(_Wire, tag="failed", kw_only=True):
     param: str = ""
 
 
+class PayloadRef(_Wire, tag="payload_ref", kw_only=True):
+    """Stands for a job or a reply too large for one NATS message: its encoded bytes
+    are in the payload store under `key` (see payloads.py). Carries the fields of
+    `JobHeader`, so a worker that cannot fetch it can still answer its request."""
+
+    request_id: str
+    part: int
+    reply_to: str
+    key: str
+    size: int
+
+
 Result = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult
 Reply = (
     EmbedResult
@@ -286,6 +300,7 @@ Reply = (
     | ScoresResult
     | GenerateChunk
     | JobFailed
+    | PayloadRef
 )
 
 
@@ -320,6 +335,8 @@ class JobHeader(msgspec.Struct):
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 decode_job = msgspec.msgpack.Decoder(Job).decode
+decode_job_message = msgspec.msgpack.Decoder(Job | PayloadRef).decode
+"""What a work item's body holds: the job, or a reference to it in the payload store."""
 decode_job_header = msgspec.msgpack.Decoder(JobHeader).decode
 decode_reply = msgspec.msgpack.Decoder(Reply).decode
 decode_heartbeat = msgspec.msgpack.Decoder(WorkerHeartbeat).decode

@@ -275,6 +275,11 @@ class Bus:
     def is_connected(self) -> bool:
         return self.nc.is_connected
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (its INFO says)."""
+        return self.nc.max_payload
+
     async def close(self) -> None:
         if self.nc.is_closed:
             return

@@ -23,6 +23,9 @@ How each outcome settles its item:
 |-------------------------------------------|------------------------------|------------------|
 | answered                                  | result                       | ack           |
 | undecodable item                          | failure, if its header reads | term          |
+| offloaded item gone (request over)        | none                         | ack           |
+| offloaded item, payload store unreadable  | none; failure on last try    | nak(2 s); term |
+| reply too large and the store failed      | failure                      | term          |
 | deadline passed before it ran             | failure                      | ack           |
 | invalid input (too long, bad token ids)   | failure                      | term          |
 | unknown adapter; model cannot load or fit | failure                      | term          |
@@ -42,18 +45,20 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import msgspec
 import torch
 
 from ..config import Settings
 from ..model_registry import LiveRegistry, ModelSpec, SourceResolver
 from ..queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
-from ..queue.messages import decode_job, decode_job_header, encode
+from ..queue.errors import PayloadStoreError
+from ..queue.messages import encode
+from ..queue.payloads import PayloadStore, open_payload_store
 from ..queue.provision import ensure_consumer, ensure_work_stream
 from .adapters import EncoderAdapter, make_adapter
 from .adapters.base import Tokenized
 from .batcher import Batcher
 from .held import HeldJob, Unit
+from .intake import read_job
 from .lane import BatcherKey, Lane
 from .loader import Loader, LoadError
 from .residency import Residency, available_memory
@@ -85,11 +90,14 @@ class EncoderWorker:
         registry: LiveRegistry,
         adapters: Sequence[EncoderAdapter] = (),
         worker_id: str | None = None,
+        payloads: PayloadStore | None = None,
     ) -> None:
         """`adapters` preset the adapter of some models (tests use the dummy one);
-        the others are made from their spec's runtime."""
+        the others are made from their spec's runtime. `payloads`: where items and
+        replies too large for a message travel (default: from the settings)."""
         self.settings = settings
         self.bus = bus
+        self.payloads = payloads or open_payload_store(settings, bus)
         self.registry = registry
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.worker_id = worker_id or f"enc-{secrets.token_hex(4)}"
@@ -310,10 +318,8 @@ class EncoderWorker:
             self._last_interactive = self._clock()
         fresh: list[HeldJob] = []
         for delivery in deliveries:
-            try:
-                job = decode_job(delivery.data)
-            except msgspec.DecodeError as exc:
-                await self._refuse(delivery, exc)
+            job = await read_job(self.payloads, self.bus, delivery, self.settings.nats.max_deliver)
+            if job is None:
                 continue
             held = HeldJob(delivery, job, batch_lane)
             if job.deadline <= now:
@@ -499,8 +505,17 @@ class EncoderWorker:
             log.exception("post-processing failed for %s", held.job.request_id)
             await self._fail(held, ErrorKind.INTERNAL, "post-processing failed", settle="term")
             return
+        job = held.job
         try:
-            await self.bus.publish(held.job.reply_to, encode(result))
+            message, _ = await self.payloads.offload(
+                encode(result), job.request_id, job.part, job.reply_to, "result"
+            )
+        except PayloadStoreError as exc:
+            message = "the reply is too large for one message and the payload store failed"
+            await self._fail(held, ErrorKind.UNAVAILABLE, f"{message}: {exc}", settle="term")
+            return
+        try:
+            await self.bus.publish(job.reply_to, message)
         except Exception as exc:  # leave it unacked: it is redelivered and answered again
             log.warning("reply for %s failed: %r", held.job.request_id, exc)
             self._release(held)
@@ -518,26 +533,6 @@ class EncoderWorker:
         except Exception as exc:
             log.warning("failure reply for %s failed: %r", job.request_id, exc)
         await self._settle(held, settle)
-
-    async def _refuse(self, delivery: Delivery, exc: Exception) -> None:
-        """An item this worker cannot read: answer it if its header is readable, then
-        drop it for good."""
-        log.error("undecodable work item (%d bytes): %s", len(delivery.data), exc)
-        try:
-            header = decode_job_header(delivery.data)
-        except msgspec.DecodeError:
-            header = None
-        if header is not None:
-            failure = JobFailed(
-                request_id=header.request_id,
-                part=header.part,
-                kind=ErrorKind.INTERNAL,
-                message=f"the worker could not read this work item: {exc}",
-            )
-            with contextlib.suppress(Exception):
-                await self.bus.publish(header.reply_to, encode(failure))
-        with contextlib.suppress(Exception):
-            await delivery.term()
 
     async def _retry_or_fail(self, held: HeldJob) -> None:
         if held.delivery.num_delivered < self.settings.nats.max_deliver:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,10 @@ from shoal.queue import (
     QueueFullError,
     Subjects,
 )
+from shoal.queue.errors import PayloadStoreError
 from shoal.queue.messages import decode_reply, encode
+from shoal.queue.objects import LocalObjectStore
+from shoal.queue.payloads import PayloadStore
 from shoal.queue.provision import ensure_consumer, ensure_work_stream
 from shoal.workers.adapters.dummy import DummyAdapter
 from shoal.workers.encoder_worker import EncoderWorker
@@ -67,23 +71,44 @@ def settings_for(url: str, **nats) -> Settings:
     return s
 
 
+class RecordingStore(LocalObjectStore):
+    """A real local object store that remembers the keys written to it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.written: list[str] = []
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        self.written.append(key)
+        await super().put_bytes(key, data)
+
+    def held(self) -> list[Path]:
+        return [p for p in self.root.rglob("*") if p.is_file()]
+
+
 class Harness:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, objects: LocalObjectStore) -> None:
         self.settings = settings
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.workers: list[tuple[EncoderWorker, asyncio.Event, asyncio.Task]] = []
+        self.objects = objects
 
     async def open(self) -> None:
         self.bus = await Bus.connect(self.settings.nats, "test-gateway")
+        self.payloads = PayloadStore(
+            self.objects, self.settings.nats.offload_bytes, self.bus.max_payload
+        )
         self.dispatcher = Dispatcher(
-            self.bus, self.subjects, self.settings.gateway, self.settings.nats
+            self.bus, self.subjects, self.settings.gateway, self.settings.nats, self.payloads
         )
         await self.dispatcher.start()
 
     async def add_worker(self, adapter: DummyAdapter | None = None) -> EncoderWorker:
         bus = await Bus.connect(self.settings.nats, "test-worker")
         registry = LiveRegistry(ModelRegistry([SPEC]))
-        worker = EncoderWorker(self.settings, bus, registry, [adapter or DummyAdapter(SPEC)])
+        worker = EncoderWorker(
+            self.settings, bus, registry, [adapter or DummyAdapter(SPEC)], payloads=self.payloads
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         deadline = time.monotonic() + 10
@@ -130,8 +155,8 @@ class Harness:
 
 
 @pytest.fixture
-async def harness(nats_server) -> AsyncIterator[Harness]:
-    h = Harness(settings_for(nats_server.url))
+async def harness(nats_server, tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(settings_for(nats_server.url), RecordingStore(tmp_path / "objects"))
     await h.open()
     yield h
     await h.close()
@@ -240,8 +265,8 @@ async def test_the_same_msg_id_is_queued_once(harness: Harness) -> None:
     assert state["messages"] == 1
 
 
-async def test_a_full_stream_refuses_new_work_at_once(nats_server) -> None:
-    h = Harness(settings_for(nats_server.url, max_msgs=3))
+async def test_a_full_stream_refuses_new_work_at_once(nats_server, tmp_path: Path) -> None:
+    h = Harness(settings_for(nats_server.url, max_msgs=3), RecordingStore(tmp_path))
     await h.open()
     try:
         waiting = [asyncio.create_task(h.embed([f"q{i}"], timeout=5)) for i in range(3)]
@@ -292,3 +317,42 @@ async def test_an_item_the_worker_cannot_read_is_answered_not_left_to_time_out(h
     assert replies[0].kind is ErrorKind.INTERNAL
     assert "could not read" in replies[0].message
     await _until_stream_empty(harness)
+
+
+async def test_items_and_replies_too_large_for_a_message_travel_through_the_store(
+    nats_server, tmp_path: Path
+) -> None:
+    store = RecordingStore(tmp_path / "objects")
+    h = Harness(settings_for(nats_server.url, offload_bytes=4096), store)
+    await h.open()
+    try:
+        await h.add_worker()
+        texts = [f"word{i} " * 60 for i in range(100)]  # ~40 KiB of job, ~6 KiB of reply
+        np.testing.assert_allclose(await h.embed(texts), expected(texts), rtol=1e-6)
+        kinds = sorted(key.rsplit(".", 1)[1] for key in store.written)
+        assert kinds == ["job", "result"]
+        assert store.held() == []  # both deleted once the request was answered
+        small = ["fits in one message"]
+        np.testing.assert_allclose(await h.embed(small), expected(small), rtol=1e-6)
+        assert len(store.written) == 2
+        await _until_stream_empty(h)
+    finally:
+        await h.close()
+
+
+async def test_an_unwritable_payload_store_fails_the_request_at_once(
+    nats_server, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("a file where the store's directory should be")
+    h = Harness(settings_for(nats_server.url, offload_bytes=1024), RecordingStore(blocked))
+    await h.open()
+    try:
+        await h.add_worker()
+        started = time.monotonic()
+        with pytest.raises(PayloadStoreError):
+            await h.embed(["word " * 400])
+        assert time.monotonic() - started < 2.0
+        assert (await h.embed(["small"])).shape == (1, 16)  # what fits is unaffected
+    finally:
+        await h.close()

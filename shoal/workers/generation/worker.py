@@ -26,8 +26,6 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import msgspec
-
 from ...config import Settings
 from ...model_registry import LiveRegistry, ModelSpec, SourceResolver
 from ...queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
@@ -36,10 +34,11 @@ from ...queue.messages import (
     GenerateChunk,
     GenerateJob,
     TokenLogprob,
-    decode_job,
     encode,
 )
+from ...queue.payloads import PayloadStore, open_payload_store
 from ...queue.provision import ensure_consumer, ensure_work_stream
+from ..intake import read_job, refuse
 from .engine import SequenceRequest, TokenEvent
 from .runtime import GenerationRuntime, TransformersRuntime
 
@@ -87,9 +86,11 @@ class GenerationWorker:
         bus: Bus,
         registry: LiveRegistry,
         runtimes: dict[str, GenerationRuntime] | None = None,
+        payloads: PayloadStore | None = None,
     ) -> None:
         self.settings = settings
         self.bus = bus
+        self.payloads = payloads or open_payload_store(settings, bus)
         self.registry = registry
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.worker_id = f"gen-{secrets.token_hex(4)}"
@@ -227,14 +228,11 @@ class GenerationWorker:
                 await self._admit(model, delivery)
 
     async def _admit(self, model: _Model, delivery: Delivery) -> None:
-        try:
-            job = decode_job(delivery.data)
-        except msgspec.DecodeError as exc:
-            log.error("undecodable generation item: %s", exc)
-            await delivery.term()
+        job = await read_job(self.payloads, self.bus, delivery, self.settings.nats.max_deliver)
+        if job is None:
             return
         if not isinstance(job, GenerateJob):
-            await delivery.term()
+            await refuse(self.bus, delivery, ErrorKind.INTERNAL, "not a generation job")
             return
         if job.deadline <= time.time():
             await self._reject(
