@@ -37,7 +37,35 @@ X = TypeVar("X")
 
 
 class _Operations:
-    """The operations; `_run` and `_map` do the I/O (sync or async)."""
+    """The operations; `_run` and `_map` do the I/O (sync or async), over the HTTP
+    client `_open` makes."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        max_connections: int = 16,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self.prompt_tokens = 0
+        """Tokens the server reported for every answered call."""
+        self.retries = 0
+        """Calls tried again (429, 503, dropped connections)."""
+        self._lock = threading.Lock()
+        self._http = self._open(
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            headers={"authorization": f"Bearer {api_key}"} if api_key else {},
+        )
+
+    def _open(self, **options: Any) -> Any:
+        raise NotImplementedError
 
     def _run(self, call: Call[Any]) -> Any:
         raise NotImplementedError
@@ -196,14 +224,6 @@ class _Operations:
         return self._map(make, pairs, 1, concurrency)
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def _limits(connections: int) -> httpx.Limits:
-    return httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-
-
 def _batched(items: Iterable[X], size: int) -> Iterator[list[X]]:
     iterator = iter(items)
     while batch := list(islice(iterator, size)):
@@ -249,27 +269,8 @@ def _read(call: Call[T], response: httpx.Response) -> Parsed[T] | ShoalAPIError:
 class Client(_Operations):
     """Sync client; thread-safe. `prompt_tokens` counts the tokens the server embedded."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        *,
-        api_key: str | None = None,
-        timeout: float = 120.0,
-        max_connections: int = 16,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            timeout=timeout,
-            limits=_limits(max_connections),
-            headers=_headers(api_key),
-        )
-        self.retry = retry or RetryPolicy()
-        self.prompt_tokens = 0
-        """Tokens the server reported for every answered call."""
-        self.retries = 0
-        """Calls tried again (429, 503, dropped connections)."""
-        self._lock = threading.Lock()
+    def _open(self, **options: Any) -> httpx.Client:
+        return httpx.Client(**options)
 
     def _wait(self, seconds: float) -> None:
         with self._lock:
@@ -324,24 +325,8 @@ class Client(_Operations):
 class AsyncClient(_Operations):
     """Async client: `await client.embed(...)`, `async for v in client.embed_iter(...)`."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        *,
-        api_key: str | None = None,
-        timeout: float = 120.0,
-        max_connections: int = 16,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            timeout=timeout,
-            limits=_limits(max_connections),
-            headers=_headers(api_key),
-        )
-        self.retry = retry or RetryPolicy()
-        self.prompt_tokens = 0
-        self.retries = 0
+    def _open(self, **options: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**options)
 
     async def _wait(self, seconds: float) -> None:
         self.retries += 1
