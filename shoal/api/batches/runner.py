@@ -434,9 +434,11 @@ class _BatchRun:
     async def _finalize(self) -> None:
         final = {"cancelled": "cancelled", "expired": "expired"}.get(self.stop_reason, "completed")
         total = self.counts.total
-        # Count what the parts hold, not what this run remembers: the record's counts
-        # then always match the lines the output and error files get.
-        await self._count_saved()
+        if len(self.done) != total:  # stopped before executing: count what parts hold
+            await self._count_saved()
+        # Otherwise `_execute` left every line it counted saved (it raises if any is
+        # still pending), so the counts already match what the output files get, and
+        # the parts, as large as the output, are not read a third time.
         if final == "completed":
             missing = total - self.counts.completed - self.counts.failed
             if missing:
