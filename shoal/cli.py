@@ -1,4 +1,4 @@
-"""The `shoal` command: serve | gateway | worker | batch | embed."""
+"""The `shoal` command: serve | gateway | worker | batch | embed | keys."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from . import __version__
 from .batch_cli import add_batch_commands, run_batch_command
 from .config import Settings, load_settings
 from .embed_cli import add_embed_command
+from .keys_cli import add_keys_command, run_keys_command
 
 __all__ = ["main"]
 
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     add_batch_commands(sub)
     add_embed_command(sub)
+    add_keys_command(sub)
     return parser
 
 
@@ -73,16 +75,25 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def _check_exposure(settings: Settings) -> str:
+    from .api.keys import check_exposure  # the gateway's code; workers need not load it
+
+    return check_exposure(settings)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "batch":
         return run_batch_command(args)
+    if args.command == "keys":
+        return run_keys_command(args)
     if args.command == "embed":
         from .embed_cli import run_embed_command
 
         return run_embed_command(args)
     try:
         settings = _settings(args)
+        exposure = _check_exposure(settings) if args.command in ("serve", "gateway") else ""
     except (ValueError, OSError) as exc:
         print(f"shoal: {exc}", file=sys.stderr)
         return 2
@@ -90,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if exposure:
+        level = logging.INFO if settings.auth.keys else logging.WARNING
+        logging.getLogger("shoal").log(level, exposure)
     if args.command == "serve":
         from .supervisor import serve
 

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "ApiKey",
+    "AuthSettings",
     "BatchSettings",
     "GatewaySettings",
     "GeneratorSettings",
@@ -78,7 +80,20 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_body_bytes: int = 32 * 1024 * 1024
     """Larger request bodies are refused with 413."""
     max_inputs: int = 100_000
-    """Most inputs one embeddings request may carry."""
+    """Most inputs one request may carry (texts, documents, choices); more is a 413."""
+    max_input_chars: int = 200_000
+    """Longest single input (a text, a document, a message, a prompt) in characters; the
+    gateway does no tokenization, so inputs are bounded by length (400)."""
+    max_request_chars: int = 16_000_000
+    """Most characters of input in one request (the gateway's bound on its tokens);
+    more is a 413."""
+    max_request_tokens: int = 4_000_000
+    """Most token ids one pre-tokenized request may carry (413)."""
+    max_tokens: int = 8192
+    """Largest `max_tokens` (`max_completion_tokens`) a generation request may ask for."""
+    max_in_flight: int = 2048
+    """Requests one gateway process holds at once (waiting for workers); past it new
+    ones get 429 before their body is read, so its memory stays bounded under overload."""
     item_max_inputs: int = 32
     """A request is split into work items of at most this many inputs."""
     item_max_bytes: int = 256 * 1024
@@ -88,6 +103,45 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_ttl: float = 5.0
     """Seconds after its last heartbeat that a worker counts as gone."""
     uvicorn_workers: int = 1
+
+
+class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One API key, stored as the SHA-256 of the key (never the key itself):
+    `shoal keys new` makes a key and prints this entry."""
+
+    name: str
+    """Who holds it; logs and errors name the key by this, never by its value."""
+    sha256: str
+    """Hex SHA-256 of the key as clients send it (`Authorization: Bearer <key>`)."""
+    models: list[str] = []
+    """Models (ids or aliases) this key may use; empty: all."""
+    routes: list[str] = []
+    """Route groups this key may call (`embeddings`, `chat`, `completions`, `models`,
+    `files`, `batches`, `native`, `ner`, `multivector`, `rerank`, `classify`); empty: all
+    but `admin`."""
+    admin: bool = False
+    """Whether the key may call the admin API (`/admin/...`), besides its routes."""
+    rpm: int = 0
+    """Requests per minute; 0: the `auth.default_rpm`."""
+    tpm: int = 0
+    """Tokens per minute (input + output, as usage reports them); 0: `auth.default_tpm`."""
+
+
+class AuthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """API keys and per-key rate limits. With no keys, the gateway is open and binds to
+    loopback only (a non-loopback bind then needs `allow_unauthenticated`)."""
+
+    keys: list[ApiKey] = []
+    """Keys given in the settings file, or as a JSON array in `SHOAL_AUTH__KEYS`."""
+    keys_file: str = ""
+    """A TOML (`[[keys]]` tables) or JSON (a list) file of more keys: a Kubernetes
+    secret, say."""
+    allow_unauthenticated: bool = False
+    """Serve without keys on a non-loopback address (behind a proxy that authenticates)."""
+    default_rpm: int = 0
+    """Requests per minute for keys that set none; 0: unlimited."""
+    default_tpm: int = 0
+    """Tokens per minute for keys that set none; 0: unlimited."""
 
 
 class S3Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -198,6 +252,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     objects: ObjectStoreSettings = msgspec.field(default_factory=ObjectStoreSettings)
     batches: BatchSettings = msgspec.field(default_factory=BatchSettings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
+    auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     generator: GeneratorSettings = msgspec.field(default_factory=GeneratorSettings)
 
@@ -230,7 +285,21 @@ def load_settings(
         raise ValueError(f"invalid settings: {exc}") from exc
     if not settings.data_dir:
         settings.data_dir = str(default_data_dir(env))
+    if settings.auth.keys_file:
+        settings.auth.keys = [*settings.auth.keys, *_read_keys(Path(settings.auth.keys_file))]
     return settings
+
+
+def _read_keys(path: Path) -> list[ApiKey]:
+    """API keys from a TOML file of `[[keys]]` tables or a JSON list."""
+    text = path.read_bytes()
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text.decode())
+        if isinstance(raw, dict):
+            raw = raw.get("keys", [])
+        return msgspec.convert(raw, list[ApiKey])
+    except (ValueError, msgspec.ValidationError) as exc:
+        raise ValueError(f"invalid keys file {path}: {exc}") from exc
 
 
 def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
@@ -254,4 +323,9 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
             if field is None:
                 continue  # SHOAL_* variables that are not settings belong to other tools
             is_list = getattr(field.type, "__origin__", None) is list
-            target[path[-1]] = [v for v in value.split(",") if v] if is_list else value
+            if is_list and value.lstrip().startswith("["):
+                target[path[-1]] = json.loads(value)  # a list of tables (API keys)
+            elif is_list:
+                target[path[-1]] = [v for v in value.split(",") if v]
+            else:
+                target[path[-1]] = value

@@ -5,11 +5,13 @@ from __future__ import annotations
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
+from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from .. import __version__
 from ..config import Settings
+from .admission import Admission, AdmissionMiddleware
 from .errors import exception_handlers
 from .routes import (
     AdminController,
@@ -54,6 +56,8 @@ def create_app(settings: Settings) -> Litestar:
         ],
         dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
         lifespan=[runtime_lifespan(settings)],
+        # Keys, rate limits and the in-flight bound are checked before a body is read.
+        middleware=[DefineMiddleware(AdmissionMiddleware, admission=Admission(settings))],
         exception_handlers=exception_handlers,
         request_max_body_size=settings.gateway.max_body_bytes,
         openapi_config=OpenAPIConfig(

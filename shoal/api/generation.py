@@ -18,6 +18,7 @@ from ..compat.errors import BadGatewayError
 from ..queue import GenerateJob
 from ..queue.messages import ChoiceDelta
 from ..queue.streams import StreamAssembler, StreamDivergedError
+from .admission import meter_usage
 from .runtime import Runtime, as_shoal_error
 
 __all__ = ["Generation"]
@@ -75,6 +76,7 @@ class Generation:
                     queue.put_nowait(deltas)
             self.prompt_tokens += assembler.prompt_tokens
             self.completion_tokens += assembler.completion_tokens
+            meter_usage(assembler.prompt_tokens + assembler.completion_tokens)
             queue.put_nowait(_DONE)
         except StreamDivergedError:
             queue.put_nowait(

@@ -59,8 +59,10 @@ from ..queue.errors import PayloadStoreError
 from ..queue.messages import Result
 from ..queue.objects import open_object_store
 from ..queue.payloads import PayloadStore
+from .admission import current_principal, meter_usage
 from .batches.store import BatchStore
 from .files import FileStore
+from .keys import PermissionDeniedError
 
 __all__ = ["Runtime", "RuntimeDep", "Target", "runtime_lifespan"]
 
@@ -149,12 +151,20 @@ class Runtime:
             NotFoundError: no such adapter of that model.
             InvalidRequestError: the model does not serve `op` (the message names what it
                 serves), or two different adapters were named.
+            PermissionDeniedError: the caller's API key may not use the model.
         """
         base, _, adapter = name.partition(":")
         try:
             spec = self.registry.resolve(base)
         except UnknownModelError:
             raise ModelNotFoundError(name) from None
+        principal = current_principal.get()
+        if principal is not None and not principal.may_use(name, base, spec.id, *spec.aliases):
+            raise PermissionDeniedError(
+                f"The API key '{principal.name}' may not use model '{name}'",
+                param="model",
+                code="model_not_allowed",
+            )
         if shoal is not None and shoal.adapter:
             if adapter and adapter != shoal.adapter:
                 raise InvalidRequestError(
@@ -206,11 +216,13 @@ class Runtime:
         failures become ShoalErrors."""
         jobs = self.prepare(target, build)
         try:
-            return await self.dispatcher.submit(
+            results = await self.dispatcher.submit(
                 jobs[0].request_id, jobs, self.lane, jobs[0].deadline
             )
         except Exception as exc:
             raise as_shoal_error(exc, target.name) from exc
+        meter_usage(sum(r.prompt_tokens for r in results))
+        return results
 
     async def embed(
         self,

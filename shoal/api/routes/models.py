@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, get
 
 from ...compat.openai import Model, ModelList
+from ..admission import current_principal
 from ..runtime import RuntimeDep, Target
 
 __all__ = ["ModelsController"]
@@ -21,12 +22,17 @@ class ModelsController(Controller):
     @get(summary="List models (LoRA adapters appear as `base:adapter`)")
     async def list_models(self, runtime: RuntimeDep) -> ModelList:
         ready = runtime.dispatcher.ready_models()
+        principal = current_principal.get()
         cards = []
         for spec in runtime.registry:
-            cards.append(_card(runtime, Target(spec), ready))
+            targets = [
+                Target(spec),
+                *(Target(spec, a.name) for a in runtime.registry.adapters(spec.id)),
+            ]
             cards.extend(
-                _card(runtime, Target(spec, a.name), ready)
-                for a in runtime.registry.adapters(spec.id)
+                _card(runtime, t, ready)
+                for t in targets
+                if principal is None or principal.may_use(t.name, spec.id, *spec.aliases)
             )
         return ModelList(data=cards)
 

@@ -1,0 +1,219 @@
+"""Who may come in, and how many: the gateway's admission middleware.
+
+Before a request's body is read, in this order:
+
+1. API key (when keys are configured): 401 without a known `Authorization: Bearer` key;
+2. permission: 403 for a route group the key may not call (`/admin` needs an admin key);
+3. rate limits of the key (requests and tokens per minute): 429 with `Retry-After` and
+   `x-ratelimit-*` headers (sent on every response of a rate-limited key);
+4. the gateway's in-flight bound on work routes: 429 with `Retry-After`, so under
+   overload its memory stays bounded by `max_in_flight` requests, not by the load.
+
+The request then runs with three context variables the runtime reads: the caller (for
+the model allowlist), the ASGI `receive` (to notice the client leaving and cancel its
+work) and a usage meter (tokens used, charged to the key's allowance at the end).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+from typing import Any
+
+import msgspec
+
+from ..compat.errors import OverloadedError, ShoalError
+from ..config import Settings
+from .keys import KeyRing, PermissionDeniedError, Principal
+from .ratelimit import RateLimiter
+
+__all__ = [
+    "Admission",
+    "AdmissionMiddleware",
+    "UsageMeter",
+    "current_principal",
+    "current_receive",
+    "current_usage",
+    "meter_usage",
+    "route_group",
+]
+
+log = logging.getLogger(__name__)
+
+_PREFIXES = (
+    ("/v1/embeddings", "embeddings"),
+    ("/v1/chat/", "chat"),
+    ("/v1/completions", "completions"),
+    ("/v1/models", "models"),
+    ("/v1/files", "files"),
+    ("/v1/batches", "batches"),
+    ("/native/", "native"),
+    ("/v1/ner", "ner"),
+    ("/v1/multivector", "multivector"),
+    ("/v1/rerank", "rerank"),
+    ("/rerank", "rerank"),
+    ("/v1/classify", "classify"),
+    ("/admin/", "admin"),
+)
+_WORK_GROUPS = frozenset(
+    {"embeddings", "chat", "completions", "native", "ner", "multivector", "rerank", "classify"}
+)
+"""Groups whose requests wait on workers: the ones the in-flight bound counts."""
+
+
+class UsageMeter:
+    """Tokens a request used (input + output), as workers reported them."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+
+current_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "shoal_principal", default=None
+)
+current_receive: contextvars.ContextVar[Any] = contextvars.ContextVar("shoal_receive", default=None)
+current_usage: contextvars.ContextVar[UsageMeter | None] = contextvars.ContextVar(
+    "shoal_usage", default=None
+)
+
+
+def meter_usage(tokens: int) -> None:
+    """Count tokens the current request used toward its key's tokens-per-minute."""
+    meter = current_usage.get()
+    if meter is not None:
+        meter.tokens += tokens
+
+
+def route_group(path: str) -> str | None:
+    """The route group a path belongs to; None for public routes (health, docs)."""
+    for prefix, group in _PREFIXES:
+        if path.startswith(prefix):
+            return group
+    return None
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+async def _send_error(send: Any, exc: ShoalError, headers: list[tuple[bytes, bytes]]) -> None:
+    body = _encode(exc.to_response())
+    head = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    if exc.retry_after:
+        head.append((b"retry-after", str(max(1, math.ceil(exc.retry_after))).encode()))
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RateLimitedError(ShoalError):
+    """OpenAI's shape: code `rate_limit_exceeded`, type the limit hit (`requests` or
+    `tokens`)."""
+
+    status_code = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, limit: str, retry_after: float) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.openai_type = limit
+
+
+class Admission:
+    """The state admission shares across routes: Litestar builds a middleware instance
+    per route handler, so keys, buckets and the in-flight count live here, once per app."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.keys = KeyRing(settings.auth)
+        self.limiter = RateLimiter()
+        self.max_in_flight = settings.gateway.max_in_flight
+        self.in_flight = 0
+
+
+class AdmissionMiddleware:
+    def __init__(self, app: Any, admission: Admission) -> None:
+        self.app = app
+        self.gate = admission
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        group = route_group(scope["path"])
+        if group is None:
+            await self.app(scope, receive, send)
+            return
+        gate = self.gate
+        principal: Principal | None = None
+        extra: list[tuple[bytes, bytes]] = []
+        try:
+            if gate.keys.enabled:
+                principal = gate.keys.authenticate(_header(scope, b"authorization"))
+                if not principal.may_call(group):
+                    raise _denied(principal, group)
+                if principal.rpm or principal.tpm:
+                    verdict = gate.limiter.admit(principal.name, principal.rpm, principal.tpm)
+                    extra = verdict.headers
+                    if not verdict.allowed:
+                        log.info("key %s over its %s limit", principal.name, verdict.limit)
+                        raise RateLimitedError(
+                            f"Rate limit reached for key '{principal.name}' on {verdict.limit} "
+                            f"per minute; retry after {verdict.retry_after:.1f}s",
+                            verdict.limit,
+                            verdict.retry_after,
+                        )
+            counted = group in _WORK_GROUPS
+            if counted and gate.in_flight >= gate.max_in_flight:
+                raise OverloadedError(
+                    "This gateway holds as many requests as it may; retry after a moment",
+                    code="gateway_busy",
+                    retry_after=1.0,
+                )
+        except ShoalError as exc:
+            await _send_error(send, exc, extra)
+            return
+        meter = UsageMeter()
+        tokens = (
+            current_principal.set(principal),
+            current_receive.set(receive),
+            current_usage.set(meter),
+        )
+        if extra:
+            send = _with_headers(send, extra)
+        if counted:
+            gate.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if counted:
+                gate.in_flight -= 1
+            current_usage.reset(tokens[2])
+            current_receive.reset(tokens[1])
+            current_principal.reset(tokens[0])
+            if principal is not None:
+                gate.limiter.charge(principal.name, principal.tpm, meter.tokens)
+
+
+def _denied(principal: Principal, group: str) -> ShoalError:
+    what = "the admin API" if group == "admin" else f"the {group} API"
+    return PermissionDeniedError(f"The API key '{principal.name}' may not call {what}")
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _with_headers(send: Any, headers: list[tuple[bytes, bytes]]) -> Any:
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *headers]}
+        await send(message)
+
+    return sending

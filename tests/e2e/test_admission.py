@@ -1,0 +1,225 @@
+"""Admission: API keys, permissions, per-key rate limits and the in-flight bound, through the official openai SDK against
+a real gateway (keys given as settings, the way an operator gives them) on the shared
+stack's NATS and workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from shoal.api.keys import hash_key
+from shoal.queue.embedded import EmbeddedNats, free_port
+from tests.helpers import GEN_MODEL, MODEL, ShoalProcess, shoal_env, start_gateway, wait_ready
+from tests.openai_schema import validate
+
+pytestmark = pytest.mark.slow
+
+KEYS = {
+    "root": "sk-shoal-test-root-0123456789",
+    "embedder": "sk-shoal-test-embedder-0123456789",
+    "slow": "sk-shoal-test-slow-0123456789",
+    "frugal": "sk-shoal-test-frugal-0123456789",
+}
+ENTRIES = [
+    {"name": "root", "sha256": hash_key(KEYS["root"]), "admin": True},
+    {
+        "name": "embedder",
+        "sha256": hash_key(KEYS["embedder"]),
+        "routes": ["embeddings", "models"],
+        "models": [MODEL],
+    },
+    {"name": "slow", "sha256": hash_key(KEYS["slow"]), "rpm": 3},
+    {"name": "frugal", "sha256": hash_key(KEYS["frugal"]), "tpm": 20},
+]
+
+
+@pytest.fixture(scope="module")
+def secured(
+    stack: str,
+    session_nats: EmbeddedNats,
+    task_models: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, ShoalProcess]]:
+    """A second gateway on the stack's NATS (so the stack's workers serve it) with keys
+    from a keys file and from the environment, logging at debug."""
+    data = tmp_path_factory.mktemp("secured")
+    keys_file = data / "keys.json"
+    keys_file.write_text(json.dumps(ENTRIES[2:]))
+    env = {
+        "SHOAL_AUTH__KEYS": json.dumps(ENTRIES[:2]),
+        "SHOAL_AUTH__KEYS_FILE": str(keys_file),
+        "SHOAL_LOG_LEVEL": "debug",
+        "SHOAL_MODELS_FILE": str(task_models),
+    }
+    gateway, base = start_gateway(session_nats.url, data, env)
+    try:
+        wait_ready(base, gateway)
+        yield base, gateway
+    finally:
+        gateway.stop()
+
+
+def client(base: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+
+
+def error_of(exc: openai.APIStatusError) -> dict:
+    body = exc.response.json()
+    validate(body, "ErrorResponse")
+    return body["error"]
+
+
+def test_a_missing_or_unknown_key_is_401(secured) -> None:
+    base, _ = secured
+    r = httpx.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": "x"})
+    assert r.status_code == 401, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client(base, "sk-shoal-not-a-key").embeddings.create(model=MODEL, input="x")
+    assert error_of(caught.value)["code"] == "invalid_api_key"
+    assert httpx.get(f"{base}/health").status_code == 200  # health stays public
+
+
+def test_a_known_key_embeds(secured) -> None:
+    base, _ = secured
+    out = client(base, KEYS["root"]).embeddings.create(model=MODEL, input=["a", "b"])
+    assert len(out.data) == 2 and len(out.data[0].embedding) == 384
+    assert out.usage.prompt_tokens > 0
+
+
+def test_a_key_calls_only_its_routes_and_models(secured) -> None:
+    base, _ = secured
+    embedder = client(base, KEYS["embedder"])
+    assert embedder.embeddings.create(model=MODEL, input="fine").data
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        embedder.chat.completions.create(
+            model=GEN_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+    assert error_of(caught.value)["code"] == "permission_denied"
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        embedder.embeddings.create(model="test-colbert", input="not this model")
+    error = error_of(caught.value)
+    assert (error["code"], error["param"]) == ("model_not_allowed", "model")
+    assert [m.id for m in embedder.models.list().data] == [MODEL]
+    everything = {m.id for m in client(base, KEYS["root"]).models.list().data}
+    assert {MODEL, GEN_MODEL, "test-colbert"} <= everything
+
+
+def test_admin_routes_need_an_admin_key(secured) -> None:
+    base, _ = secured
+
+    def models(key: str) -> httpx.Response:
+        return httpx.get(f"{base}/admin/v1/models", headers={"authorization": f"Bearer {key}"})
+
+    denied = models(KEYS["embedder"])
+    assert denied.status_code == 403, denied.text
+    validate(denied.json(), "ErrorResponse")
+    assert models(KEYS["slow"]).status_code == 403  # every route but admin is not admin
+    assert models(KEYS["root"]).status_code == 200
+
+
+def test_requests_per_minute_are_limited_with_openai_headers(secured) -> None:
+    base, _ = secured
+    slow = client(base, KEYS["slow"])
+    remaining = []
+    for _ in range(3):
+        raw = slow.embeddings.with_raw_response.create(model=MODEL, input="count me")
+        assert raw.headers["x-ratelimit-limit-requests"] == "3"
+        assert raw.headers["x-ratelimit-reset-requests"]
+        remaining.append(int(raw.headers["x-ratelimit-remaining-requests"]))
+    assert remaining == [2, 1, 0]
+    with pytest.raises(openai.RateLimitError) as caught:
+        slow.embeddings.create(model=MODEL, input="one too many")
+    error = error_of(caught.value)
+    assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+    headers = caught.value.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 20  # a request refills every 20 s at 3/min
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_tokens_per_minute_count_what_requests_used(secured) -> None:
+    base, _ = secured
+    frugal = client(base, KEYS["frugal"])
+    long_text = "tokens are counted after the fact " * 4
+    first = frugal.embeddings.with_raw_response.create(model=MODEL, input=long_text)
+    assert first.headers["x-ratelimit-limit-tokens"] == "20"
+    assert first.parse().usage.prompt_tokens > 20  # this one used more than a minute's worth
+    with pytest.raises(openai.RateLimitError) as caught:
+        frugal.embeddings.create(model=MODEL, input="short")
+    assert error_of(caught.value)["type"] == "tokens"
+    assert int(caught.value.response.headers["retry-after"]) >= 1
+
+
+def test_keys_never_reach_the_log(secured) -> None:
+    base, gateway = secured
+    for key in KEYS.values():  # known and wrong keys, good and refused requests
+        httpx.post(
+            f"{base}/v1/embeddings",
+            json={"model": MODEL, "input": "x"},
+            headers={"authorization": f"Bearer {key}x"},
+        )
+    log = Path(gateway.log_path).read_text(errors="replace")
+    assert "key slow over its requests limit" in log or "key frugal" in log  # it logs by name
+    for key in KEYS.values():
+        assert key not in log
+
+
+def test_no_keys_serves_loopback_only(tmp_path: Path, session_nats: EmbeddedNats) -> None:
+    env = shoal_env(session_nats.url, tmp_path)
+    refused = subprocess.run(
+        [sys.executable, "-m", "shoal", "gateway", "--host", "0.0.0.0", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "refusing to serve on 0.0.0.0 without API keys" in refused.stderr
+    gateway, base = start_gateway(session_nats.url, tmp_path)
+    try:
+        assert "serving on loopback (127.0.0.1) only, unauthenticated" in gateway.log()
+        assert httpx.get(f"{base}/v1/models").status_code == 200
+    finally:
+        gateway.stop()
+    assert free_port()  # the refused start bound nothing
+
+
+def test_a_gateway_holding_its_most_requests_answers_429_at_once(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """With no worker and the `queue` policy, requests wait in the gateway until their
+    deadline: past `max_in_flight` of them it refuses new ones before reading a body."""
+    env = {
+        "SHOAL_GATEWAY__MAX_IN_FLIGHT": "2",
+        "SHOAL_GATEWAY__NO_WORKER_POLICY": "queue",
+        "SHOAL_GATEWAY__REQUEST_TIMEOUT": "6",
+    }
+    gateway, base = start_gateway(nats_server.url, tmp_path, env)
+    body = {"model": MODEL, "input": "waits"}
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(httpx.post, f"{base}/v1/embeddings", json=body, timeout=30)]
+            held.append(pool.submit(httpx.post, f"{base}/v1/embeddings", json=body, timeout=30))
+            time.sleep(1.5)
+            started = time.monotonic()
+            r = httpx.post(f"{base}/v1/embeddings", json=body, timeout=30)
+            assert time.monotonic() - started < 1.0
+            assert r.status_code == 429, r.text
+            validate(r.json(), "ErrorResponse")
+            assert r.json()["error"]["code"] == "gateway_busy"
+            assert int(r.headers["retry-after"]) >= 1
+            assert httpx.get(f"{base}/v1/models").status_code == 200  # not a work route
+            assert [f.result().status_code for f in held] == [504, 504]
+        assert httpx.post(f"{base}/v1/embeddings", json=body, timeout=30).status_code == 504
+    finally:
+        gateway.stop()
