@@ -9,13 +9,15 @@ Before a request's body is read, in this order:
 4. the gateway's in-flight bound on work routes: 429 with `Retry-After`, so under
    overload its memory stays bounded by `max_in_flight` requests, not by the load.
 
-The request then runs with three context variables the runtime reads: the caller (for
-the model allowlist), the ASGI `receive` (to notice the client leaving and cancel its
-work) and a usage meter (tokens used, charged to the key's allowance at the end).
+A work request then runs as its own task, cancelled if the client leaves before the
+response is sent (the dispatcher then tells workers to drop its work), with two context
+variables the runtime reads: the caller (for the model allowlist) and a usage meter
+(tokens used, charged to the key's allowance at the end).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import math
@@ -33,7 +35,6 @@ __all__ = [
     "AdmissionMiddleware",
     "UsageMeter",
     "current_principal",
-    "current_receive",
     "current_usage",
     "meter_usage",
     "route_group",
@@ -177,25 +178,62 @@ class AdmissionMiddleware:
             await _send_error(send, exc, extra)
             return
         meter = UsageMeter()
-        tokens = (
-            current_principal.set(principal),
-            current_receive.set(receive),
-            current_usage.set(meter),
-        )
+        tokens = (current_principal.set(principal), current_usage.set(meter))
         if extra:
             send = _with_headers(send, extra)
-        if counted:
-            gate.in_flight += 1
         try:
-            await self.app(scope, receive, send)
+            if counted:
+                gate.in_flight += 1
+                await _run_until_disconnect(self.app, scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
         finally:
             if counted:
                 gate.in_flight -= 1
-            current_usage.reset(tokens[2])
-            current_receive.reset(tokens[1])
+            current_usage.reset(tokens[1])
             current_principal.reset(tokens[0])
             if principal is not None:
                 gate.limiter.charge(principal.name, principal.tpm, meter.tokens)
+
+
+async def _run_until_disconnect(app: Any, scope: Any, receive: Any, send: Any) -> None:
+    """Run the request, cancelling it if the client leaves before its response is sent:
+    the cancellation reaches the dispatcher, which tells the workers to drop the request's
+    queued and running work. (Servers do not cancel a handler when its client goes; once
+    the body is read, the next `receive` returns only on disconnect.)"""
+    body_read = asyncio.Event()
+    responded = left = False
+
+    async def receiving() -> Any:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_read.set()
+        return message
+
+    async def sending(message: Any) -> None:
+        nonlocal responded
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            responded = True
+        await send(message)
+
+    async def watch(task: asyncio.Task) -> None:
+        nonlocal left
+        await body_read.wait()
+        message = await receive()
+        if message["type"] == "http.disconnect" and not responded and not task.done():
+            log.debug("client left %s before its response; cancelling it", scope["path"])
+            left = True
+            task.cancel()
+
+    task = asyncio.ensure_future(app(scope, receiving, sending))
+    watcher = asyncio.ensure_future(watch(task))
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not left:
+            raise  # cancelled from outside (shutdown), not because the client left
+    finally:
+        watcher.cancel()
 
 
 def _denied(principal: Principal, group: str) -> ShoalError:

@@ -141,8 +141,10 @@ class Dispatcher:
         subject = self._subjects.work(lane, model, OP_OF_JOB[type(jobs[0])])  # type: ignore[arg-type]
         pending = self._pending[request_id] = _Pending(len(jobs))
         stored: list[str] = []
+        published = False
         try:
             await self._publish(subject, jobs, stored)
+            published = True
             try:
                 return await asyncio.wait_for(pending.future, deadline - time.time())
             except TimeoutError:
@@ -150,6 +152,10 @@ class Dispatcher:
         finally:
             del self._pending[request_id]
             await self._payloads.discard(stored)
+            if published and pending.remaining:
+                # Nobody waits for the rest (deadline, a failed part, the client left): workers drop
+                # its queued and running parts instead of computing unread answers.
+                await self.cancel(request_id)
 
     async def _publish(self, subject: str, jobs: Sequence[Job], stored: list[str]) -> None:
         """Publish the jobs, each too large for a message through the payload store

@@ -31,6 +31,7 @@ How each outcome settles its item:
 | unknown adapter; model cannot load or fit | failure                      | term          |
 | forward pass failed, deliveries left      | none                         | nak(1 s)      |
 | forward pass failed, last delivery        | failure                      | term          |
+| request cancelled (client left, deadline) | none                         | ack           |
 | worker stopping with the item not run     | none                         | nak (at once) |
 | worker killed                             | none                         | (after ack_wait) |
 """
@@ -57,6 +58,7 @@ from ..queue.provision import ensure_consumer, ensure_work_stream
 from .adapters import EncoderAdapter, make_adapter
 from .adapters.base import Tokenized
 from .batcher import Batcher
+from .cancels import CancelledRequests
 from .held import HeldJob, Unit
 from .intake import read_job
 from .lane import BatcherKey, Lane
@@ -113,6 +115,8 @@ class EncoderWorker:
         self._room = asyncio.Event()
         self._changed = asyncio.Event()
         self._loading: set[asyncio.Task] = set()
+        self._settling: set[asyncio.Task] = set()
+        self._cancelled = CancelledRequests(settings.gateway.request_timeout + 60)
         self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
         self._full_threads = torch.get_num_threads()
         # Batch-lane forwards leave half the cores to the live path while it is busy.
@@ -149,6 +153,7 @@ class EncoderWorker:
         tasks: list[asyncio.Task] = []
         try:
             await ensure_work_stream(self.bus, self.settings.nats, self.subjects)
+            await self.bus.subscribe(self.subjects.cancel, self._on_cancel)
             await self._reconcile()
             await self._load_pinned()
             self._state = "ready"
@@ -321,6 +326,10 @@ class EncoderWorker:
             job = await read_job(self.payloads, self.bus, delivery, self.settings.nats.max_deliver)
             if job is None:
                 continue
+            if job.request_id in self._cancelled:
+                with contextlib.suppress(Exception):
+                    await delivery.ack()
+                continue
             held = HeldJob(delivery, job, batch_lane)
             if job.deadline <= now:
                 await self._fail(
@@ -449,6 +458,7 @@ class EncoderWorker:
     ) -> None:
         batch = [u for u in batch if not u.held.done]
         if not batch:
+            self._room.set()  # the inputs taken were queued room too
             return
         lane.running += 1
         self.residency.touch(lane.model)
@@ -556,6 +566,24 @@ class EncoderWorker:
                 await held.delivery.nak(delay)
         except Exception as exc:  # the server redelivers it after ack_wait
             log.warning("could not %s %s: %r", how, held.job.request_id, exc)
+
+    def _on_cancel(self, payload: bytes) -> None:
+        """Drop a cancelled request's held items (a running batch skips their rows)."""
+        request_id = payload.decode(errors="replace")
+        self._cancelled.add(request_id)
+        cancelled = [h for h in self._held.values() if h.job.request_id == request_id]
+        if not cancelled:
+            return
+        for held in cancelled:
+            self._release(held)  # now, so no batch formed from here on includes it
+            task = asyncio.create_task(self._settle(held, "ack"))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        for lane in self._lanes.values():  # their queued inputs free room for other work
+            lane.waiting = [h for h in lane.waiting if not h.done]
+            for batcher in lane.batchers.values():
+                batcher.drop(lambda u: not u.held.done)
+        self._signal()
 
     def _release(self, held: HeldJob) -> None:
         held.done = True

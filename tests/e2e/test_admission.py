@@ -4,6 +4,7 @@ stack's NATS and workers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -223,3 +224,31 @@ def test_a_gateway_holding_its_most_requests_answers_429_at_once(
         assert httpx.post(f"{base}/v1/embeddings", json=body, timeout=30).status_code == 504
     finally:
         gateway.stop()
+
+
+async def test_a_client_that_leaves_cancels_its_work(stack: str, session_nats) -> None:
+    """The gateway notices the client hang up mid-request and tells workers (on the cancel
+    subject) to drop the request, long before its deadline; the stack keeps serving."""
+    import nats
+
+    nc = await nats.connect(session_nats.url)
+    cancels: list[str] = []
+
+    async def on_cancel(msg) -> None:
+        cancels.append(msg.data.decode())
+
+    await nc.subscribe("shoal.cancel", cb=on_cancel)
+    try:
+        texts = [f"a long request the client gives up on, text {i}" for i in range(20000)]
+        async with httpx.AsyncClient(base_url=stack, timeout=1.0) as client:
+            with pytest.raises(httpx.ReadTimeout):  # hangs up after 1 s
+                await client.post("/v1/embeddings", json={"model": MODEL, "input": texts})
+        deadline = time.monotonic() + 10
+        while not cancels:
+            assert time.monotonic() < deadline, "no cancel announced"
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+    async with httpx.AsyncClient(base_url=stack, timeout=60) as client:
+        r = await client.post("/v1/embeddings", json={"model": MODEL, "input": "after"})
+    assert r.status_code == 200, r.text

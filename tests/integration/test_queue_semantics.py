@@ -222,6 +222,37 @@ async def test_a_failing_forward_is_retried_then_fails_after_max_deliver(harness
     await _until_stream_empty(harness)
 
 
+class Slow(DummyAdapter):
+    def embed(self, batch):
+        time.sleep(0.05)
+        return super().embed(batch)
+
+
+async def test_a_cancelled_request_stops_running_and_its_queued_items_are_dropped(
+    harness,
+) -> None:
+    """The gateway gives up (client gone): held items are dropped at once and those still
+    in the stream are acked unrun when pulled; the worker goes on serving others."""
+    adapter = Slow(SPEC)
+    await harness.add_worker(adapter)
+    rid = harness.dispatcher.new_request_id()
+    jobs = [harness.job(rid, [f"part {i}"], part=i) for i in range(600)]
+    task = asyncio.create_task(
+        harness.dispatcher.submit(rid, jobs, "interactive", time.time() + 60)
+    )
+    await _until(lambda: sum(adapter.batches) > 20)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _until_stream_empty(harness)
+    ran = sum(adapter.batches) - 1  # less the warm-up
+    assert ran < 300, ran  # without the cancel all 600 run (about 2 s of forwards)
+    await asyncio.sleep(0.5)
+    assert sum(adapter.batches) - 1 == ran  # nothing of it runs later
+    texts = ["still serving"]
+    np.testing.assert_allclose(await harness.embed(texts), expected(texts), rtol=1e-6)
+
+
 async def test_an_item_held_by_a_crashed_consumer_is_redelivered_after_ack_wait(harness) -> None:
     s = harness.settings
     await ensure_work_stream(harness.bus, s.nats, harness.subjects)
@@ -238,11 +269,6 @@ async def test_an_item_held_by_a_crashed_consumer_is_redelivered_after_ack_wait(
 
 
 async def test_a_stopping_worker_returns_what_it_holds_at_once(harness) -> None:
-    class Slow(DummyAdapter):
-        def embed(self, batch):
-            time.sleep(0.05)
-            return super().embed(batch)
-
     harness.settings.nats.ack_wait = 30.0  # a redelivery by timeout would take this long
     first = await harness.add_worker(Slow(SPEC))
     tasks = [asyncio.create_task(harness.embed([f"t{i}"], timeout=25)) for i in range(40)]

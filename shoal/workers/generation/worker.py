@@ -38,6 +38,7 @@ from ...queue.messages import (
 )
 from ...queue.payloads import PayloadStore, open_payload_store
 from ...queue.provision import ensure_consumer, ensure_work_stream
+from ..cancels import CancelledRequests
 from ..intake import read_job, refuse
 from .engine import SequenceRequest, TokenEvent
 from .runtime import GenerationRuntime, TransformersRuntime
@@ -101,6 +102,7 @@ class GenerationWorker:
         self._state = "loading"
         self._stopping = False
         self._tasks: set[asyncio.Task] = set()
+        self._cancelled = CancelledRequests(settings.gateway.request_timeout + 60)
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-gen-load")
         self._resolver = SourceResolver(f"{settings.data_dir}/cache", settings.s3)
 
@@ -233,6 +235,10 @@ class GenerationWorker:
             return
         if not isinstance(job, GenerateJob):
             await refuse(self.bus, delivery, ErrorKind.INTERNAL, "not a generation job")
+            return
+        if job.request_id in self._cancelled:  # its client left while it was queued
+            with contextlib.suppress(Exception):
+                await delivery.ack()
             return
         if job.deadline <= time.time():
             await self._reject(
@@ -426,6 +432,7 @@ class GenerationWorker:
 
     def _on_cancel(self, payload: bytes) -> None:
         request_id = payload.decode(errors="replace")
+        self._cancelled.add(request_id)
         for key in list(self._by_request.get(request_id, [])):
             running = self._jobs.get(key)
             if running is None:
