@@ -53,7 +53,8 @@ async def embeddings(runtime: Runtime, data: EmbeddingRequest) -> tuple[Embeddin
 
 def start_chat(runtime: Runtime, data: ChatCompletionRequest) -> tuple[Generation, Target]:
     target = runtime.resolve(data.model, "generate", data.shoal)
-    jobs = runtime.prepare(target, lambda env: [data.to_job(env, target.spec.max_length)])
+    limits = runtime.settings.gateway
+    jobs = runtime.prepare(target, lambda env: [data.to_job(env, target.spec.max_length, limits)])
     return Generation(runtime, jobs, target.name), target
 
 
@@ -68,7 +69,8 @@ async def chat(runtime: Runtime, data: ChatCompletionRequest) -> ChatCompletion:
 
 def start_completion(runtime: Runtime, data: CompletionRequest) -> tuple[Generation, Target]:
     target = runtime.resolve(data.model, "generate", data.shoal)
-    jobs = runtime.prepare(target, lambda env: data.to_jobs(env, target.spec.max_length))
+    limits = runtime.settings.gateway
+    jobs = runtime.prepare(target, lambda env: data.to_jobs(env, target.spec.max_length, limits))
     return Generation(runtime, jobs, target.name), target
 
 

@@ -12,7 +12,12 @@ import re
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    InternalServerException,
+    SerializationException,
+    ValidationException,
+)
 
 from ..compat.errors import ErrorResponse, ShoalError, error_response
 
@@ -22,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
 _MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
+_BODY_FIELD = re.compile(r"^(.*) - at `\$\.data\.([^`]+)`$")
 
 _TYPES_BY_STATUS = {
     401: ("authentication_error", "invalid_api_key"),
@@ -45,6 +51,11 @@ def _shoal_error(_: Request, exc: ShoalError) -> Response[bytes]:
     return _respond(exc.status_code, exc.to_response(), exc.retry_after)
 
 
+def _invalid_value(param: str, detail: str) -> Response[bytes]:
+    message = f"Invalid value for '{param}': {detail}"
+    return _respond(400, error_response(message, "invalid_request_error", param, "invalid_value"))
+
+
 def _validation_error(request: Request, exc: ValidationException) -> Response[bytes]:
     if request.headers.get("content-length", "0") == "0" and request.method == "POST":
         message = "A request body is required"
@@ -62,13 +73,20 @@ def _validation_error(request: Request, exc: ValidationException) -> Response[by
             )
         param = None
     if param:
-        message = f"Invalid value for '{param}': {detail}"
-    else:
-        message = f"Invalid request body: {detail}"
-    return _respond(400, error_response(message, "invalid_request_error", param, "invalid_value"))
+        return _invalid_value(param, detail)
+    message = f"Invalid request body: {detail}"
+    return _respond(400, error_response(message, "invalid_request_error", None, "invalid_value"))
 
 
 def _http_error(_: Request, exc: HTTPException) -> Response[bytes]:
+    # Litestar blames a body field that shares its name with a dependency (ModelSpec's
+    # `runtime`) on the dependency, and answers 500; it is the client's field.
+    if isinstance(exc, InternalServerException) and isinstance(
+        exc.__cause__, msgspec.ValidationError
+    ):
+        body_field = _BODY_FIELD.match(str(exc.__cause__))
+        if body_field:
+            return _invalid_value(body_field.group(2), body_field.group(1))
     status = exc.status_code
     type_, code = _TYPES_BY_STATUS.get(
         status, ("invalid_request_error" if status < 500 else "server_error", None)
@@ -77,6 +95,15 @@ def _http_error(_: Request, exc: HTTPException) -> Response[bytes]:
     if isinstance(exc.__cause__, SerializationException):
         detail = f"The request body could not be parsed: {detail}"
     return _respond(status, error_response(detail, type_, None, code))
+
+
+def _recursion_error(request: Request, exc: RecursionError) -> Response[bytes]:
+    # msgspec bounds how deep it decodes and raises RecursionError past it: a body of
+    # "[[[[..." is the client's mistake. Any other recursion is a bug, so a 500.
+    if "deserializing" not in str(exc):
+        return _unexpected_error(request, exc)
+    message = "The request body could not be parsed: it is nested too deeply"
+    return _respond(400, error_response(message, "invalid_request_error", None, None))
 
 
 def _unexpected_error(request: Request, exc: Exception) -> Response[bytes]:
@@ -88,5 +115,6 @@ exception_handlers = {
     ShoalError: _shoal_error,
     ValidationException: _validation_error,
     HTTPException: _http_error,
+    RecursionError: _recursion_error,
     Exception: _unexpected_error,
 }

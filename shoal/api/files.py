@@ -7,6 +7,7 @@ runner restart) writes the same file again instead of a second one.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import AsyncIterable, AsyncIterator
@@ -18,7 +19,7 @@ from ..compat.openai.files import PURPOSES, FileDeleted, FileList, FileObject
 from ..queue.nats import NatsKeyValue
 from ..queue.objects import ObjectNotFoundError, ObjectStore, ObjectStoreError
 
-__all__ = ["FileStore", "new_id"]
+__all__ = ["FileStore", "new_id", "valid_id"]
 
 _decode = msgspec.json.Decoder(FileObject).decode
 _encode = msgspec.json.Encoder().encode
@@ -27,6 +28,16 @@ _encode = msgspec.json.Encoder().encode
 def new_id(prefix: str) -> str:
     """A unique id that sorts by creation time."""
     return f"{prefix}{time.time_ns():016x}{secrets.token_hex(4)}"
+
+
+# The shape of the ids the stores mint (`file-…`, `batch_…`), ASCII only: a key NATS KV
+# refuses (str.isalnum takes "é") must be a 404, not an InvalidKeyError.
+_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def valid_id(store_id: str) -> bool:
+    """Whether `store_id` could be a file or batch id (and so a valid NATS KV key)."""
+    return _ID.fullmatch(store_id) is not None
 
 
 def _object_key(file_id: str) -> str:
@@ -68,7 +79,7 @@ class FileStore:
 
     async def get(self, file_id: str) -> FileObject:
         """Raises NotFoundError."""
-        entry = await self._kv.get(file_id) if _valid_id(file_id) else None
+        entry = await self._kv.get(file_id) if valid_id(file_id) else None
         if entry is None:
             raise NotFoundError(f"No such file: '{file_id}'", param="file_id")
         return _decode(entry[0])
@@ -117,7 +128,3 @@ async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[by
         yield first
     async for chunk in rest:
         yield chunk
-
-
-def _valid_id(file_id: str) -> bool:
-    return bool(file_id) and all(c.isalnum() or c in "-_" for c in file_id)

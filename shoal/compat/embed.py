@@ -11,7 +11,7 @@ from ..config import GatewaySettings
 from ..model_registry import ModelSpec
 from ..queue.messages import EmbedJob, EmbedResult
 from .errors import InvalidRequestError
-from .jobs import Envelope, check_count, split_points
+from .jobs import Envelope, check_count, check_texts, check_token_ids, split_points
 
 __all__ = ["EmbedOptions", "Vectors", "build_embed_jobs", "join_vectors"]
 
@@ -20,6 +20,8 @@ class EmbedOptions(msgspec.Struct, frozen=True, kw_only=True):
     dimensions: int | None = None
     truncate: bool = True
     dtype: Literal["float32", "float16"] = "float32"
+    input_param: Literal["input", "inputs"] = "input"
+    """The request's name for its inputs (the native route's is `inputs`), for errors."""
 
 
 class Vectors(msgspec.Struct, frozen=True):
@@ -59,10 +61,15 @@ def build_embed_jobs(
     """Validate what only the model's spec can tell, then cut the inputs into items.
 
     Raises:
-        InvalidRequestError: no inputs, or `dimensions` out of the model's range.
-        PayloadTooLargeError: more inputs than the gateway accepts in one request.
+        InvalidRequestError: no inputs, an input past `max_input_chars`, or
+            `dimensions` out of the model's range.
+        PayloadTooLargeError: more inputs, characters or token ids than the gateway
+            accepts in one request.
     """
-    check_count(len(texts) or len(token_ids), limits)
+    param = options.input_param
+    check_count(len(texts) or len(token_ids), limits, param)
+    check_texts(texts, limits, param)
+    check_token_ids(token_ids, limits, param)
     dims = options.dimensions
     if dims is not None and not 1 <= dims <= spec.dims:
         raise InvalidRequestError(

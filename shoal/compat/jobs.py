@@ -14,7 +14,15 @@ import msgspec
 from ..config import GatewaySettings
 from .errors import InvalidRequestError, PayloadTooLargeError
 
-__all__ = ["RESULT_BYTES_PER_ITEM", "Envelope", "check_count", "split_points", "text_parts"]
+__all__ = [
+    "RESULT_BYTES_PER_ITEM",
+    "Envelope",
+    "check_count",
+    "check_texts",
+    "check_token_ids",
+    "split_points",
+    "text_parts",
+]
 
 RESULT_BYTES_PER_ITEM = 768 * 1024
 """Most vector bytes one item's reply may carry (NATS's default max payload is 1 MiB)."""
@@ -68,6 +76,57 @@ def check_count(count: int, limits: GatewaySettings, param: str = "input") -> No
     if count > limits.max_inputs:
         raise PayloadTooLargeError(
             f"{count} inputs in one request; the limit is {limits.max_inputs}", param=param
+        )
+
+
+def check_texts(
+    texts: Sequence[str], limits: GatewaySettings, param: str = "input", already: int = 0
+) -> int:
+    """Bound a request's texts by length: the gateway never tokenizes, so characters stand
+    in for the tokens a worker would have to read (and hold) before it can truncate.
+
+    Args:
+        already: characters the request carries besides `texts` (a rerank query).
+
+    Returns:
+        The characters counted, `already` included.
+
+    Raises:
+        InvalidRequestError: one text longer than `max_input_chars` (code input_too_long).
+        PayloadTooLargeError: more than `max_request_chars` in all.
+    """
+    if not texts:
+        return already
+    lengths = [len(t) for t in texts]
+    longest = max(lengths)
+    if longest > limits.max_input_chars:
+        index = lengths.index(longest)
+        raise InvalidRequestError(
+            f"'{param}[{index}]' has {longest} characters; the limit is "
+            f"{limits.max_input_chars} per input",
+            param=param,
+            code="input_too_long",
+        )
+    total = already + sum(lengths)
+    if total > limits.max_request_chars:
+        raise PayloadTooLargeError(
+            f"the request's inputs have {total} characters; the limit is "
+            f"{limits.max_request_chars} per request",
+            param=param,
+        )
+    return total
+
+
+def check_token_ids(
+    token_ids: Sequence[Sequence[int]], limits: GatewaySettings, param: str = "input"
+) -> None:
+    """Raises: PayloadTooLargeError for more than `max_request_tokens` ids in all."""
+    total = sum(len(ids) for ids in token_ids)
+    if total > limits.max_request_tokens:
+        raise PayloadTooLargeError(
+            f"the request has {total} token ids; the limit is {limits.max_request_tokens} "
+            "per request",
+            param=param,
         )
 
 

@@ -30,7 +30,12 @@ class NativeEmbedRequest(msgspec.Struct, kw_only=True):
     """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def options(self) -> EmbedOptions:
-        return EmbedOptions(dimensions=self.dimensions, truncate=self.truncate, dtype=self.dtype)
+        return EmbedOptions(
+            dimensions=self.dimensions,
+            truncate=self.truncate,
+            dtype=self.dtype,
+            input_param="inputs",
+        )
 
     def texts(self) -> list[str]:
         """Raises: InvalidRequestError for an empty string (as the JSON route does)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 import numpy as np
@@ -32,10 +32,17 @@ from ..queue.messages import (
     RerankJob,
     ScoresResult,
 )
-from ._constraints import ModelName
+from ._constraints import Count, ModelName
 from .errors import InvalidRequestError
 from .extensions import ShoalOptions
-from .jobs import RESULT_BYTES_PER_ITEM, Envelope, check_count, split_points, text_parts
+from .jobs import (
+    RESULT_BYTES_PER_ITEM,
+    Envelope,
+    check_count,
+    check_texts,
+    split_points,
+    text_parts,
+)
 
 __all__ = [
     "ClassifyRequest",
@@ -73,10 +80,20 @@ def _texts(value: str | list[str], param: str = "input") -> list[str]:
     return texts
 
 
+def _checked(texts: list[str], limits: GatewaySettings, param: str) -> list[str]:
+    """`texts`, within the gateway's limits on their count and length."""
+    check_count(len(texts), limits, param)
+    check_texts(texts, limits, param)
+    return texts
+
+
 # NER -----------------------------------------------------------------------------------
 
 
 class NerRequest(msgspec.Struct, kw_only=True):
+    input_param: ClassVar[str] = "input"
+    """The field holding the texts, for errors."""
+
     model: ModelName
     input: str | list[str]
     aggregation: Aggregation = "simple"
@@ -92,8 +109,7 @@ class NerRequest(msgspec.Struct, kw_only=True):
         return _texts(self.input)
 
     def to_jobs(self, env: Envelope, limits: GatewaySettings) -> list[NerJob]:
-        texts = self.texts()
-        check_count(len(texts), limits)
+        texts = _checked(self.texts(), limits, self.input_param)
         return [
             NerJob(
                 **env.job_fields(part, start),
@@ -109,6 +125,7 @@ class NerRequest(msgspec.Struct, kw_only=True):
 class NativeNerRequest(NerRequest, kw_only=True):
     """The native route's body: `inputs` instead of `input`, otherwise the same."""
 
+    input_param: ClassVar[str] = "inputs"
     input: str | list[str] = ""
     inputs: list[str] = []
 
@@ -165,6 +182,9 @@ class _MultiVectorOptions(msgspec.Struct, kw_only=True):
 
 
 class MultiVectorRequest(_MultiVectorOptions, kw_only=True):
+    input_param: ClassVar[str] = "input"
+    """The field holding the texts, for errors."""
+
     model: ModelName
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
@@ -182,8 +202,7 @@ class MultiVectorRequest(_MultiVectorOptions, kw_only=True):
         max_length: int,
         dtype: str = "float32",
     ) -> list[MultiVectorJob]:
-        texts = self.texts()
-        check_count(len(texts), limits)
+        texts = _checked(self.texts(), limits, self.input_param)
         # A reply holds one row per token. A token covers at least one UTF-8 byte, so a
         # text has at most bytes + a few special tokens, and never more than max_length.
         row_bytes = dims * (2 if dtype == "float16" else 4)
@@ -204,6 +223,7 @@ class MultiVectorRequest(_MultiVectorOptions, kw_only=True):
 
 
 class NativeMultiVectorRequest(MultiVectorRequest, kw_only=True):
+    input_param: ClassVar[str] = "inputs"
     input: str | list[str] = ""
     inputs: list[str] = []
     dtype: Literal["float32", "float16"] = "float32"
@@ -308,6 +328,8 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     def to_jobs(self, env: Envelope, limits: GatewaySettings) -> list[RerankJob]:
         docs = self.document_texts()
         check_count(len(docs), limits, "documents")
+        check_texts([self.query], limits, "query")
+        check_texts(docs, limits, "documents", already=len(self.query))
         return [
             RerankJob(
                 **env.job_fields(part, start),
@@ -354,15 +376,14 @@ class RerankResponse(msgspec.Struct):
 class ClassifyRequest(msgspec.Struct, kw_only=True):
     model: ModelName
     input: str | list[str]
-    top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    top_k: Count | None = None
     """Labels per text, best first; all of them when absent."""
     truncate: bool = True
     shoal: ShoalOptions | None = None
     """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
     def to_jobs(self, env: Envelope, limits: GatewaySettings) -> list[ClassifyJob]:
-        texts = _texts(self.input)
-        check_count(len(texts), limits)
+        texts = _checked(_texts(self.input), limits, "input")
         return [
             ClassifyJob(
                 **env.job_fields(part, start),

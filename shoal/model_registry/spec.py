@@ -36,7 +36,11 @@ __all__ = [
 ]
 
 Task = Literal["embed", "multivector", "ner", "classify", "rerank", "generate"]
-PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+# Sizes are bounded so that a registration through the admin API with a huge int is a 400
+# naming the field, not an OverflowError when the spec is encoded for the registry.
+_INT32_MAX = 2**31 - 1
+PositiveInt = Annotated[int, msgspec.Meta(gt=0, le=_INT32_MAX)]
+Size = Annotated[int, msgspec.Meta(ge=0, le=_INT32_MAX)]
 Runtime = Literal["sentence-transformers", "transformers", "sglang", "dummy"]
 
 RUNTIME_TASKS: dict[str, frozenset[str]] = {
@@ -69,7 +73,7 @@ class MultiVectorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     projection: str = ""
     """A safetensors file in the model directory holding `weight` (out x hidden) and
     optionally `bias`: the ColBERT-style linear head applied to every token vector."""
-    dims: int = 0
+    dims: Size = 0
     """Width of the token vectors (the projection's output); 0: the hidden size."""
 
 
@@ -84,7 +88,7 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     converted once to safetensors)."""
     max_length: PositiveInt
     """Longest input in tokens; longer inputs are truncated (or refused on request)."""
-    dims: Annotated[int, msgspec.Meta(ge=0)] = 0
+    dims: Size = 0
     """Width of the pooled embedding (needed for `embed`)."""
     aliases: list[ModelId] = msgspec.field(default_factory=list)
     runtime: Runtime = "sentence-transformers"
@@ -95,7 +99,7 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     owned_by: str = "shoal"
     profile: BatchProfile = msgspec.field(default_factory=BatchProfile)
     multivector: MultiVectorOptions = msgspec.field(default_factory=MultiVectorOptions)
-    stride: Annotated[int, msgspec.Meta(ge=0)] = 32
+    stride: Size = 32
     """Tokens shared by consecutive windows when a NER text is longer than `max_length`."""
 
     def __post_init__(self) -> None:

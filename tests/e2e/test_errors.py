@@ -138,6 +138,47 @@ def test_body_size_and_input_count_limits_are_413(nats_server, tmp_path) -> None
         gateway.stop()
 
 
+def test_input_length_token_and_max_tokens_limits(nats_server, tmp_path) -> None:
+    """Checked as the request becomes jobs, before any worker: none runs here."""
+    gateway, base = start_gateway(
+        nats_server.url,
+        tmp_path,
+        {
+            "SHOAL_GATEWAY__MAX_INPUT_CHARS": "100",
+            "SHOAL_GATEWAY__MAX_REQUEST_CHARS": "150",
+            "SHOAL_GATEWAY__MAX_REQUEST_TOKENS": "10",
+            "SHOAL_GATEWAY__MAX_TOKENS": "8",
+        },
+    )
+    model = "all-MiniLM-L6-v2"
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            r = http.post("/v1/embeddings", json={"model": model, "input": ["a", "x" * 101]})
+            assert (
+                "'input[1]' has 101 characters"
+                in check_error(r, 400, "input_too_long", "input")["message"]
+            )
+            body = msgspec.msgpack.encode({"model": model, "inputs": ["x" * 101]})
+            r = http.post("/native/v1/embed", content=body, headers=MSGPACK)
+            check_error(r, 400, "input_too_long", "inputs")
+            r = http.post("/v1/embeddings", json={"model": model, "input": ["x" * 80] * 2})
+            check_error(r, 413, "request_too_large", "input")
+            r = http.post("/v1/embeddings", json={"model": model, "input": [[1] * 6, [2] * 5]})
+            check_error(r, 413, "request_too_large", "input")
+            gen = "smollm2-135m-instruct"
+            r = http.post(
+                "/v1/completions", json={"model": gen, "prompt": "x" * 101, "max_tokens": 1}
+            )
+            check_error(r, 400, "input_too_long", "prompt")
+            chat = {"model": gen, "messages": [{"role": "user", "content": "hi"}]}
+            r = http.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 9})
+            check_error(r, 400, "max_tokens_too_large", "max_completion_tokens")
+            r = http.post("/v1/completions", json={"model": gen, "prompt": "hi", "max_tokens": 9})
+            check_error(r, 400, "max_tokens_too_large", "max_tokens")
+    finally:
+        gateway.stop()
+
+
 def test_no_worker_for_the_model_is_503_with_retry_after(nats_server, tmp_path) -> None:
     gateway, base = start_gateway(nats_server.url, tmp_path)
     try:

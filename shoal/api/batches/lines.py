@@ -63,6 +63,8 @@ def check_line(
         raise LineError("missing_required_parameter", f"Invalid line: {exc}") from None
     except msgspec.DecodeError as exc:
         raise LineError("invalid_json_line", f"The line is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's bound on nesting
+        raise LineError("invalid_json_line", "The line is nested too deeply") from None
     if not line.custom_id:
         raise LineError("missing_required_parameter", "'custom_id' is empty", "custom_id")
     if line.method.upper() != "POST":
@@ -75,6 +77,8 @@ def check_line(
         body = msgspec.json.decode(line.body, type=endpoint.request)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise LineError("invalid_request", f"Invalid body: {exc}", "body") from None
+    except RecursionError:
+        raise LineError("invalid_request", "The body is nested too deeply", "body") from None
     if endpoint.streams and getattr(body, "stream", False):
         raise LineError("invalid_request", "'stream' is not supported in batches", "body.stream")
     model = body.model  # type: ignore[attr-defined]

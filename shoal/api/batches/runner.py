@@ -516,7 +516,7 @@ class _BatchRun:
 def _custom_id(raw: bytes) -> str:
     try:
         return str(msgspec.json.decode(raw).get("custom_id", ""))
-    except (msgspec.DecodeError, AttributeError):
+    except (msgspec.DecodeError, AttributeError, RecursionError):
         return ""
 
 

@@ -17,6 +17,7 @@ from ...compat.errors import NotFoundError
 from ...compat.openai.batches import FINAL_STATES, Batch, BatchList
 from ...queue.errors import KeyConflictError
 from ...queue.nats import NatsKeyValue
+from ..files import valid_id
 
 __all__ = ["BatchRecord", "BatchStore", "LeaseLostError"]
 
@@ -60,7 +61,7 @@ class BatchStore:
         return entry[0]
 
     async def _read(self, batch_id: str) -> tuple[BatchRecord, int] | None:
-        if not batch_id or not all(c.isalnum() or c in "-_" for c in batch_id):
+        if not valid_id(batch_id):
             return None
         entry = await self._kv.get(batch_id)
         return None if entry is None else (_decode(entry[0]), entry[1])

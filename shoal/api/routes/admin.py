@@ -29,6 +29,7 @@ from ...model_registry import (
     UnknownModelError,
 )
 from ..runtime import Runtime, RuntimeDep
+from ._openapi import CHANGE_ERRORS, RESOURCE_ERRORS
 
 __all__ = ["AdminController"]
 
@@ -53,11 +54,15 @@ class AdminController(Controller):
     path = "/admin/v1"
     tags = ["Admin"]
 
-    @get("/models", summary="Models, where each comes from, and their adapters")
+    @get(
+        "/models",
+        summary="Models, where each comes from, and their adapters",
+        responses=RESOURCE_ERRORS,
+    )
     async def list_models(self, runtime: RuntimeDep) -> ModelInfoList:
         return ModelInfoList([_info(runtime, spec) for spec in runtime.registry])
 
-    @post("/models", status_code=201, summary="Register a model")
+    @post("/models", status_code=201, summary="Register a model", responses=CHANGE_ERRORS)
     async def register_model(self, data: ModelSpec, runtime: RuntimeDep) -> ModelInfo:
         if not _REGISTERED_ID.fullmatch(data.id):
             raise InvalidRequestError(
@@ -72,7 +77,12 @@ class AdminController(Controller):
             raise ConflictError(str(exc), param="id") from None
         return _info(runtime, data)
 
-    @delete("/models/{model_id:str}", status_code=204, summary="Remove a registered model")
+    @delete(
+        "/models/{model_id:str}",
+        status_code=204,
+        summary="Remove a registered model",
+        responses=CHANGE_ERRORS,
+    )
     async def remove_model(self, model_id: str, runtime: RuntimeDep) -> None:
         try:
             await runtime.registry.remove_model(model_id)
@@ -81,12 +91,17 @@ class AdminController(Controller):
         except RegistryConflictError as exc:
             raise ConflictError(str(exc), param="model") from None
 
-    @get("/models/{model_id:str}/adapters", summary="A model's adapters")
+    @get("/models/{model_id:str}/adapters", summary="A model's adapters", responses=RESOURCE_ERRORS)
     async def list_adapters(self, model_id: str, runtime: RuntimeDep) -> list[AdapterSpec]:
         spec = runtime.resolve(model_id, op=None).spec
         return runtime.registry.adapters(spec.id)
 
-    @post("/models/{model_id:str}/adapters", status_code=201, summary="Register a LoRA adapter")
+    @post(
+        "/models/{model_id:str}/adapters",
+        status_code=201,
+        summary="Register a LoRA adapter",
+        responses=CHANGE_ERRORS,
+    )
     async def register_adapter(
         self, model_id: str, data: AdapterRegistration, runtime: RuntimeDep
     ) -> AdapterSpec:
@@ -108,6 +123,7 @@ class AdminController(Controller):
         "/models/{model_id:str}/adapters/{name:str}",
         status_code=204,
         summary="Remove a LoRA adapter",
+        responses=CHANGE_ERRORS,
     )
     async def remove_adapter(self, model_id: str, name: str, runtime: RuntimeDep) -> None:
         spec = runtime.resolve(model_id, op=None).spec
@@ -118,7 +134,11 @@ class AdminController(Controller):
                 f"model '{spec.id}' has no adapter '{name}'", code="adapter_not_found"
             ) from None
 
-    @get("/status", summary="Workers: what each serves, holds in memory, loaded, evicted")
+    @get(
+        "/status",
+        summary="Workers: what each serves, holds in memory, loaded, evicted",
+        responses=RESOURCE_ERRORS,
+    )
     async def status(self, runtime: RuntimeDep) -> WorkerStatus:
         beats = sorted(runtime.dispatcher.live_workers(), key=lambda w: w.worker_id)
         return WorkerStatus([WorkerInfo.of(beat) for beat in beats])

@@ -16,6 +16,7 @@ from ..batches.store import BatchRecord
 from ..endpoints import BATCH_ENDPOINTS
 from ..files import new_id
 from ..runtime import RuntimeDep
+from ._openapi import CHANGE_ERRORS, RESOURCE_ERRORS
 
 __all__ = ["BatchesController"]
 
@@ -24,7 +25,11 @@ class BatchesController(Controller):
     path = "/v1/batches"
     tags = ["OpenAI"]
 
-    @post(status_code=200, summary="Create a batch from an uploaded JSONL file")
+    @post(
+        status_code=200,
+        summary="Create a batch from an uploaded JSONL file",
+        responses=RESOURCE_ERRORS,
+    )
     async def create(self, data: CreateBatchRequest, runtime: RuntimeDep) -> Batch:
         if data.endpoint not in BATCH_ENDPOINTS:
             raise InvalidRequestError(
@@ -67,7 +72,7 @@ class BatchesController(Controller):
         await runtime.batches.create(BatchRecord(batch=batch))
         return batch
 
-    @get(summary="List batches, newest first")
+    @get(summary="List batches, newest first", responses=RESOURCE_ERRORS)
     async def list_batches(
         self,
         runtime: RuntimeDep,
@@ -76,11 +81,13 @@ class BatchesController(Controller):
     ) -> BatchList:
         return await runtime.batches.list(limit, after or "")
 
-    @get("/{batch_id:str}", summary="Retrieve a batch")
+    @get("/{batch_id:str}", summary="Retrieve a batch", responses=RESOURCE_ERRORS)
     async def retrieve(self, batch_id: str, runtime: RuntimeDep) -> Batch:
         return (await runtime.batches.get(batch_id)).batch
 
-    @post("/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch")
+    @post(
+        "/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch", responses=CHANGE_ERRORS
+    )
     async def cancel(self, batch_id: str, runtime: RuntimeDep) -> Batch:
         def cancelling(record: BatchRecord) -> BatchRecord | None:
             status = record.batch.status

@@ -31,6 +31,7 @@ from ...queue.messages import ChoiceDelta
 from .. import endpoints
 from ..generation import Generation
 from ..runtime import RuntimeDep
+from ._openapi import WORK_ERRORS
 
 __all__ = ["ChatController", "CompletionsController"]
 
@@ -57,7 +58,11 @@ class ChatController(Controller):
     path = "/v1/chat/completions"
     tags = ["OpenAI"]
 
-    @post(status_code=200, summary="Create a chat completion (SSE when stream is true)")
+    @post(
+        status_code=200,
+        summary="Create a chat completion (SSE when stream is true)",
+        responses=WORK_ERRORS,
+    )
     async def create(
         self, data: ChatCompletionRequest, runtime: RuntimeDep
     ) -> Response[ChatCompletion] | Stream:
@@ -95,7 +100,11 @@ class CompletionsController(Controller):
     path = "/v1/completions"
     tags = ["OpenAI"]
 
-    @post(status_code=200, summary="Create a completion (SSE when stream is true)")
+    @post(
+        status_code=200,
+        summary="Create a completion (SSE when stream is true)",
+        responses=WORK_ERRORS,
+    )
     async def create(
         self, data: CompletionRequest, runtime: RuntimeDep
     ) -> Response[Completion] | Stream:

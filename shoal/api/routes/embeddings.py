@@ -7,6 +7,7 @@ from litestar import Controller, Response, post
 from ...compat.openai import EmbeddingRequest, EmbeddingResponse
 from .. import endpoints
 from ..runtime import RuntimeDep
+from ._openapi import WORK_ERRORS
 from ._timing import timing_headers
 
 __all__ = ["EmbeddingsController"]
@@ -16,7 +17,7 @@ class EmbeddingsController(Controller):
     path = "/v1/embeddings"
     tags = ["OpenAI"]
 
-    @post(status_code=200, summary="Create embeddings")
+    @post(status_code=200, summary="Create embeddings", responses=WORK_ERRORS)
     async def create(
         self, data: EmbeddingRequest, runtime: RuntimeDep
     ) -> Response[EmbeddingResponse]:

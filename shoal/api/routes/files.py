@@ -12,8 +12,11 @@ from ...compat.errors import InvalidRequestError
 from ...compat.openai.files import FileDeleted, FileList, FileObject
 from ..runtime import RuntimeDep
 from ..uploads import receive_upload
+from ._openapi import RESOURCE_ERRORS, error_responses
 
 __all__ = ["FilesController"]
+
+_UPLOAD_ERRORS = error_responses(401, 403, 413, 429, 503)
 
 
 class FilesController(Controller):
@@ -22,7 +25,12 @@ class FilesController(Controller):
 
     # No body limit here: the upload streams to the object store and `max_file_bytes`
     # bounds it as it goes.
-    @post(status_code=200, summary="Upload a file (multipart)", request_max_body_size=None)
+    @post(
+        status_code=200,
+        summary="Upload a file (multipart)",
+        request_max_body_size=None,
+        responses=_UPLOAD_ERRORS,
+    )
     async def upload(self, request: Request, runtime: RuntimeDep) -> FileObject:
         files = runtime.files
         fields: dict[str, str] = {}
@@ -50,7 +58,7 @@ class FilesController(Controller):
             )
         return stored
 
-    @get(summary="List files")
+    @get(summary="List files", responses=RESOURCE_ERRORS)
     async def list_files(
         self,
         runtime: RuntimeDep,
@@ -61,14 +69,19 @@ class FilesController(Controller):
     ) -> FileList:
         return await runtime.files.list(purpose, limit, order, after or "")
 
-    @get("/{file_id:str}", summary="Retrieve a file's metadata")
+    @get("/{file_id:str}", summary="Retrieve a file's metadata", responses=RESOURCE_ERRORS)
     async def retrieve(self, file_id: str, runtime: RuntimeDep) -> FileObject:
         return await runtime.files.get(file_id)
 
-    @get("/{file_id:str}/content", summary="Download a file", media_type="application/octet-stream")
+    @get(
+        "/{file_id:str}/content",
+        summary="Download a file",
+        media_type="application/octet-stream",
+        responses=RESOURCE_ERRORS,
+    )
     async def content(self, file_id: str, runtime: RuntimeDep) -> Stream:
         return Stream(await runtime.files.content(file_id), media_type="application/octet-stream")
 
-    @delete("/{file_id:str}", status_code=200, summary="Delete a file")
+    @delete("/{file_id:str}", status_code=200, summary="Delete a file", responses=RESOURCE_ERRORS)
     async def remove(self, file_id: str, runtime: RuntimeDep) -> FileDeleted:
         return await runtime.files.delete(file_id)

@@ -7,6 +7,7 @@ from litestar import Controller, get
 from ...compat.openai import Model, ModelList
 from ..admission import current_principal
 from ..runtime import RuntimeDep, Target
+from ._openapi import RESOURCE_ERRORS
 
 __all__ = ["ModelsController"]
 
@@ -19,7 +20,7 @@ class ModelsController(Controller):
     path = "/v1/models"
     tags = ["OpenAI"]
 
-    @get(summary="List models (LoRA adapters appear as `base:adapter`)")
+    @get(summary="List models (LoRA adapters appear as `base:adapter`)", responses=RESOURCE_ERRORS)
     async def list_models(self, runtime: RuntimeDep) -> ModelList:
         ready = runtime.dispatcher.ready_models()
         principal = current_principal.get()
@@ -36,7 +37,7 @@ class ModelsController(Controller):
             )
         return ModelList(data=cards)
 
-    @get("/{model_id:path}", summary="Retrieve a model")
+    @get("/{model_id:path}", summary="Retrieve a model", responses=RESOURCE_ERRORS)
     async def retrieve(self, model_id: str, runtime: RuntimeDep) -> Model:
         target = runtime.resolve(model_id.lstrip("/"), op=None)
         return _card(runtime, target, runtime.dispatcher.ready_models())

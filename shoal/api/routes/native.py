@@ -18,6 +18,7 @@ from ...compat.tasks import (
     NerResponse,
 )
 from ..runtime import RuntimeDep
+from ._openapi import error_responses
 from ._timing import timing_headers
 
 __all__ = ["MSGPACK", "NativeController"]
@@ -25,6 +26,7 @@ __all__ = ["MSGPACK", "NativeController"]
 MSGPACK = "application/msgpack"
 _ACCEPTED = {MSGPACK, "application/x-msgpack", "application/vnd.msgpack"}
 _encode = msgspec.msgpack.Encoder().encode
+_ERRORS = error_responses(401, 403, 404, 413, 415, 429, 503, 504)
 
 
 async def _require_msgpack(request: Request) -> None:
@@ -42,7 +44,9 @@ class NativeController(Controller):
     # Checked before the body is decoded, so a JSON body is a 415, not a msgpack error.
     before_request = _require_msgpack
 
-    @post("/embed", status_code=200, media_type=MSGPACK, summary="Embed (msgpack)")
+    @post(
+        "/embed", status_code=200, media_type=MSGPACK, summary="Embed (msgpack)", responses=_ERRORS
+    )
     async def embed(
         self,
         data: Annotated[NativeEmbedRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
@@ -53,7 +57,13 @@ class NativeController(Controller):
         body = _encode(NativeEmbedResponse.from_vectors(vectors, target.name))
         return Response(body, media_type=MSGPACK, headers=timing_headers(vectors))
 
-    @post("/ner", status_code=200, media_type=MSGPACK, summary="Named entities (msgpack)")
+    @post(
+        "/ner",
+        status_code=200,
+        media_type=MSGPACK,
+        summary="Named entities (msgpack)",
+        responses=_ERRORS,
+    )
     async def ner(
         self,
         data: Annotated[NativeNerRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
@@ -72,6 +82,7 @@ class NativeController(Controller):
         status_code=200,
         media_type=MSGPACK,
         summary="Token vectors (msgpack): one buffer plus row offsets",
+        responses=_ERRORS,
     )
     async def multivector(
         self,

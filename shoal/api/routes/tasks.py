@@ -16,6 +16,7 @@ from ...compat.tasks import (
 )
 from .. import endpoints
 from ..runtime import RuntimeDep
+from ._openapi import WORK_ERRORS
 
 __all__ = ["ClassifyController", "MultiVectorController", "NerController", "RerankController"]
 
@@ -24,7 +25,7 @@ class NerController(Controller):
     path = "/v1/ner"
     tags = ["Encoder tasks"]
 
-    @post(status_code=200, summary="Named entities (token classification)")
+    @post(status_code=200, summary="Named entities (token classification)", responses=WORK_ERRORS)
     async def create(self, data: NerRequest, runtime: RuntimeDep) -> NerResponse:
         return await endpoints.ner(runtime, data)
 
@@ -33,7 +34,11 @@ class MultiVectorController(Controller):
     path = "/v1/multivector"
     tags = ["Encoder tasks"]
 
-    @post(status_code=200, summary="Token vectors (late interaction, ColBERT-style)")
+    @post(
+        status_code=200,
+        summary="Token vectors (late interaction, ColBERT-style)",
+        responses=WORK_ERRORS,
+    )
     async def create(self, data: MultiVectorRequest, runtime: RuntimeDep) -> MultiVectorResponse:
         return await endpoints.multivector(runtime, data)
 
@@ -42,7 +47,12 @@ class RerankController(Controller):
     path = "/"
     tags = ["Encoder tasks"]
 
-    @post(["/v1/rerank", "/rerank"], status_code=200, summary="Rerank documents for a query")
+    @post(
+        ["/v1/rerank", "/rerank"],
+        status_code=200,
+        summary="Rerank documents for a query",
+        responses=WORK_ERRORS,
+    )
     async def create(self, data: RerankRequest, runtime: RuntimeDep) -> RerankResponse:
         return await endpoints.rerank(runtime, data)
 
@@ -51,6 +61,8 @@ class ClassifyController(Controller):
     path = "/v1/classify"
     tags = ["Encoder tasks"]
 
-    @post(status_code=200, summary="Classify texts (sequence classification)")
+    @post(
+        status_code=200, summary="Classify texts (sequence classification)", responses=WORK_ERRORS
+    )
     async def create(self, data: ClassifyRequest, runtime: RuntimeDep) -> ClassifyResponse:
         return await endpoints.classify(runtime, data)

@@ -7,11 +7,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from ...config import GatewaySettings
 from ...queue.messages import ChatTurn, ChoiceDelta, GenerateJob
 from .._constraints import ModelName
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
-from ..jobs import Envelope
+from ..jobs import Envelope, check_texts
 from .generation import (
     ChatLogprob,
     MaxTokens,
@@ -19,6 +20,7 @@ from .generation import (
     SamplingFields,
     Usage,
     chat_logprob,
+    check_max_tokens,
 )
 
 __all__ = [
@@ -66,22 +68,23 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
             turns.append(ChatTurn(role=message.role, content=_text(message, i)))  # type: ignore[arg-type]
         return turns
 
-    def to_job(self, env: Envelope, context: int) -> GenerateJob:
-        """Raises: InvalidRequestError (unsupported parameters, bad messages, limits)."""
+    def to_job(self, env: Envelope, context: int, limits: GatewaySettings) -> GenerateJob:
+        """Raises: InvalidRequestError (unsupported parameters, bad messages, limits),
+        PayloadTooLargeError (more characters than `max_request_chars`)."""
         self.reject_unsupported()
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-        max_tokens = self.max_completion_tokens or self.max_tokens or 0
-        if max_tokens > context:
-            raise InvalidRequestError(
-                f"max_tokens is {max_tokens}, more than the model's context of {context}",
-                param="max_tokens",
-            )
+        # max_completion_tokens supersedes the deprecated max_tokens when both are set.
+        if self.max_completion_tokens is not None:
+            max_tokens, param = self.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, param = self.max_tokens or 0, "max_tokens"
+        check_max_tokens(max_tokens, param, limits, context)
+        turns = self.turns()
+        check_texts([t.content for t in turns], limits, "messages")
         schema = self.response_format.schema_text() if self.response_format else ""
         sampling = self.sampling(max_tokens, self.logprobs, self.top_logprobs or 0, schema)
-        return GenerateJob(
-            **env.job_fields(0, 0), messages=self.turns(), n=self.n, sampling=sampling
-        )
+        return GenerateJob(**env.job_fields(0, 0), messages=turns, n=self.n, sampling=sampling)
 
 
 def _text(message: ChatMessage, i: int) -> str:

@@ -7,12 +7,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from ...config import GatewaySettings
 from ...queue.messages import ChoiceDelta, GenerateJob, TokenLogprob
 from .._constraints import ModelName
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
-from ..jobs import Envelope
-from .generation import MaxTokens, SamplingFields, Usage
+from ..jobs import Envelope, check_count, check_texts
+from .generation import MaxTokens, SamplingFields, Usage, check_max_tokens
 
 __all__ = ["Completion", "CompletionChunk", "CompletionRequest"]
 
@@ -34,8 +35,13 @@ class CompletionRequest(SamplingFields, kw_only=True):
             raise InvalidRequestError("'prompt' must not be empty", param="prompt")
         return prompts
 
-    def to_jobs(self, env: Envelope, context: int) -> list[GenerateJob]:
-        """One job per prompt, `n` choices each; choice `p * n + j` is prompt p's j-th."""
+    def to_jobs(self, env: Envelope, context: int, limits: GatewaySettings) -> list[GenerateJob]:
+        """One job per prompt, `n` choices each; choice `p * n + j` is prompt p's j-th.
+
+        Raises:
+            InvalidRequestError: unsupported parameters, a bad prompt, limits.
+            PayloadTooLargeError: more prompts or characters than the gateway accepts.
+        """
         self.reject_unsupported()
         if self.best_of not in (None, self.n):
             raise InvalidRequestError(
@@ -43,11 +49,10 @@ class CompletionRequest(SamplingFields, kw_only=True):
                 param="best_of",
                 code="unsupported_parameter",
             )
-        if self.max_tokens > context:
-            raise InvalidRequestError(
-                f"max_tokens is {self.max_tokens}, more than the model's context of {context}",
-                param="max_tokens",
-            )
+        check_max_tokens(self.max_tokens, "max_tokens", limits, context)
+        prompts = self.prompts()
+        check_count(len(prompts), limits, "prompt")
+        check_texts(prompts, limits, "prompt")
         logprobs = self.logprobs is not None
         sampling = self.sampling(self.max_tokens, logprobs, self.logprobs or 0, "")
         return [
@@ -58,7 +63,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
                 sampling=sampling,
                 echo=self.echo,
             )
-            for part, prompt in enumerate(self.prompts())
+            for part, prompt in enumerate(prompts)
         ]
 
 

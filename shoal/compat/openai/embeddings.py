@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 import numpy as np
 
-from .._constraints import ModelName
+from .._constraints import ModelName, TokenId
 from ..embed import EmbedOptions, Vectors
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
@@ -18,7 +18,7 @@ __all__ = ["Embedding", "EmbeddingRequest", "EmbeddingResponse", "EmbeddingUsage
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
     # Fields in the order of OpenAI's reference.
-    input: str | list[str | int | list[int]]
+    input: str | list[str | TokenId | list[TokenId]]
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
     model: ModelName
     encoding_format: Literal["float", "base64"] = "float"

@@ -9,7 +9,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from ...config import GatewaySettings
 from ...queue.messages import Sampling, TokenLogprob
+from .._constraints import Seed
 from ..errors import InvalidRequestError
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "Usage",
     "chat_logprob",
     "check_json_schema",
+    "check_max_tokens",
 ]
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
@@ -28,6 +31,22 @@ TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
 N = Annotated[int, msgspec.Meta(ge=1, le=128)]
+
+
+def check_max_tokens(value: int, param: str, limits: GatewaySettings, context: int) -> None:
+    """Raises InvalidRequestError, naming `param` (the field the client set), for more
+    tokens than the gateway allows (code max_tokens_too_large) or the model's context."""
+    if value > limits.max_tokens:
+        raise InvalidRequestError(
+            f"'{param}' is {value}; this server generates at most {limits.max_tokens} tokens "
+            "per choice",
+            param=param,
+            code="max_tokens_too_large",
+        )
+    if value > context:
+        raise InvalidRequestError(
+            f"'{param}' is {value}, more than the model's context of {context}", param=param
+        )
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -101,7 +120,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     frequency_penalty: Penalty = 0.0
     n: N = 1
     presence_penalty: Penalty = 0.0
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -316,14 +316,24 @@ class Engine:
         self._mask = mask
         logits = out.logits[:, -1, : self.vocab].float().cpu()
         allowed = self._grammar_mask(logits.shape[1])
-        tokens, chosen, tops = sample(
+        tokens, chosen, tops, failed = sample(
             logits, [s.params for s in self._active], self._counts, allowed
         )
         self.steps += 1
         self.rows_stepped += rows
         self.max_batch = max(self.max_batch, rows)
-        events, done = [], []
+        # A row whose draw failed fails its job (every choice: the worker retries or fails
+        # the job as a whole); the other sequences of the batch go on.
+        broken: dict[str, TokenEvent] = {}
+        for i, error in failed.items():
+            req = self._active[i].req
+            log.error("sampling for %s choice %d failed: %s", req.job, req.choice, error)
+            broken.setdefault(req.job, TokenEvent(req.job, req.choice, error=error))
+        events, done = list(broken.values()), []
         for i, (seq, token) in enumerate(zip(self._active, tokens, strict=True)):
+            if seq.req.job in broken:
+                done.append(seq)
+                continue
             event, finished = self._advance(seq, token, positions[i].item() + 1)
             if chosen is not None and seq.params.want_logprobs and token not in self.eos:
                 self._attach_logprobs(event, token, chosen[i], tops[i] if tops else [])

@@ -380,7 +380,9 @@ class GenerationWorker:
     async def _reject(
         self, delivery: Delivery, job: GenerateJob, kind: ErrorKind, message: str, settle: str
     ) -> None:
-        param = "messages" if kind is ErrorKind.INVALID_INPUT else ""
+        # Chat jobs carry messages, completions a prompt: name the field the client sent.
+        field = "messages" if job.messages else "prompt"
+        param = field if kind is ErrorKind.INVALID_INPUT else ""
         failure = JobFailed(
             request_id=job.request_id, part=job.part, kind=kind, message=message, param=param
         )
