@@ -63,7 +63,13 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ack_wait: float = 30.0
     """Seconds before an unacknowledged delivery is redelivered (workers send progress)."""
     max_deliver: int = 5
-    """Deliveries before an item is given up on."""
+    """Deliveries before an item is given up on and kept as a dead letter."""
+    dead_stream: str = "SHOAL_DEAD"
+    """Items that exhausted `max_deliver` (or could not be read), with the reason."""
+    dead_max_age: float = 7 * 86400.0
+    """Seconds a dead letter is kept."""
+    dead_max_bytes: int = 1 << 30
+    """Bound on dead letters' bytes; past it the oldest go first."""
     duplicate_window: float = 120.0
     """Seconds within which a repeated `Nats-Msg-Id` is dropped by the server."""
     connect_timeout: float = 5.0

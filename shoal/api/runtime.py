@@ -55,6 +55,7 @@ from ..queue import (
     QueueUnavailableError,
     Subjects,
 )
+from ..queue.dead_letters import DeadLetters
 from ..queue.errors import PayloadStoreError
 from ..queue.messages import Result
 from ..queue.objects import open_object_store
@@ -100,6 +101,7 @@ class Runtime:
         subjects = Subjects(settings.nats.subject_prefix)
         payloads = PayloadStore(files.objects, settings.nats.offload_bytes, bus.max_payload)
         self.dispatcher = Dispatcher(bus, subjects, settings.gateway, settings.nats, payloads)
+        self.dead_letters = DeadLetters(bus, settings.nats, subjects)
         self.sources = SourceResolver(Path(settings.data_dir) / "cache", settings.s3)
         self.started_at = int(time.time())
         self.lane: Lane = "interactive"
@@ -135,9 +137,11 @@ class Runtime:
         batches = BatchStore(await bus.key_value(settings.nats.batches_bucket))
         runtime = cls(settings, registry, bus, files, batches)
         await runtime.dispatcher.start()
+        await runtime.dead_letters.watch_exhausted()
         return runtime
 
     async def close(self) -> None:
+        await self.dead_letters.close()
         await self.bus.close()
 
     def resolve(

@@ -7,9 +7,18 @@ from typing import Annotated, Literal
 import msgspec
 
 from ..model_registry import AdapterSpec, ModelSpec
+from ..queue.dead_letters import DeadLetter
 from ..queue.messages import WorkerHeartbeat
 
-__all__ = ["AdapterRegistration", "ModelInfo", "ModelInfoList", "WorkerInfo", "WorkerStatus"]
+__all__ = [
+    "AdapterRegistration",
+    "DeadLetterInfo",
+    "DeadLetterList",
+    "ModelInfo",
+    "ModelInfoList",
+    "WorkerInfo",
+    "WorkerStatus",
+]
 
 RegisteredId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
 
@@ -56,3 +65,36 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
 
 class WorkerStatus(msgspec.Struct):
     workers: list[WorkerInfo]
+
+
+class DeadLetterInfo(msgspec.Struct, kw_only=True):
+    """A work item given up on: what it was for, why, and where it came from."""
+
+    id: int
+    """Its sequence in the dead-letter stream."""
+    request_id: str
+    part: int
+    model: str
+    op: str
+    lane: str
+    reason: str
+    """`max_deliver` (failed on every delivery), `worker_crashed` (its workers died
+    holding it), `undecodable` or `payload_unreadable`."""
+    error: str
+    deliveries: int
+    worker_id: str
+    dead_at: float
+    work_seq: int
+    item_bytes: int
+    """Size of the item as it was queued (kept in the stream for replay or study)."""
+
+    @classmethod
+    def of(cls, seq: int, letter: DeadLetter) -> DeadLetterInfo:
+        fields = msgspec.structs.asdict(letter)
+        item = fields.pop("item")
+        return cls(id=seq, item_bytes=len(item), **fields)
+
+
+class DeadLetterList(msgspec.Struct):
+    data: list[DeadLetterInfo]
+    object: Literal["list"] = "list"

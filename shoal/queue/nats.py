@@ -64,6 +64,14 @@ class NatsDelivery:
         """Unix time the item entered the stream."""
         return self._msg.metadata.timestamp.timestamp()
 
+    @property
+    def subject(self) -> str:
+        return self._msg.subject
+
+    @property
+    def stream_seq(self) -> int:
+        return self._msg.metadata.sequence.stream
+
     async def ack(self) -> None:
         await self._msg.ack()
 
@@ -318,6 +326,15 @@ class Bus:
                 if isinstance(result, asyncio.CancelledError):
                     raise result
                 raise QueueUnavailableError(f"publishing work failed: {result!r}")
+
+    async def publish_once(self, subject: str, payload: bytes, msg_id: str) -> None:
+        """JetStream publish, kept once per `msg_id` within the duplicate window.
+
+        Raises:
+            nats.errors.Error: not stored (the caller decides what that means).
+        """
+        timeout = self._settings.connect_timeout
+        await self.js.publish(subject, payload, timeout=timeout, headers={_MSG_ID: msg_id})
 
     async def publish(self, subject: str, payload: bytes) -> None:
         """Core NATS publish (replies, heartbeats): at most once, no ack."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import NatsSettings
+from .dead_letters import dead_letter_stream_config
 from .nats import Bus
 from .subjects import Lane, Subjects
 
@@ -53,7 +54,9 @@ def consumer_config(
 
 
 async def ensure_work_stream(bus: Bus, settings: NatsSettings, subjects: Subjects) -> None:
+    """The work stream, and the dead-letter stream beside it."""
     await bus.ensure_stream(work_stream_config(settings, subjects))
+    await bus.ensure_stream(dead_letter_stream_config(settings, subjects))
 
 
 async def ensure_consumer(

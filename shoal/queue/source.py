@@ -27,6 +27,16 @@ class Delivery(Protocol):
         """1 on the first delivery, more on redeliveries."""
         ...
 
+    @property
+    def subject(self) -> str:
+        """The work subject it was published to."""
+        ...
+
+    @property
+    def stream_seq(self) -> int:
+        """Its sequence number in the work stream."""
+        ...
+
     async def ack(self) -> None:
         """Done: remove the item from the queue."""
         ...

@@ -4,6 +4,7 @@
     {prefix}.reply.{gateway}            results for one gateway (core NATS)
     {prefix}.heartbeat                  worker liveness and the models each serves
     {prefix}.cancel                     request ids nobody waits for any more
+    {prefix}.dead.{model}               dead letters (JetStream, limits retention)
 
 Each (lane, model) pair has one durable consumer whose filter is
 `{prefix}.work.{lane}.{model}.*`: filters of different pairs never overlap, which a
@@ -75,6 +76,14 @@ class Subjects:
     @property
     def heartbeat(self) -> str:
         return f"{self.prefix}.heartbeat"
+
+    @property
+    def all_dead(self) -> str:
+        return f"{self.prefix}.dead.>"
+
+    def dead(self, model_id: str) -> str:
+        """Dead letters of one model: items that will never succeed."""
+        return f"{self.prefix}.dead.{model_token(model_id)}"
 
     @property
     def cancel(self) -> str:

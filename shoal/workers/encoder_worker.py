@@ -30,7 +30,7 @@ How each outcome settles its item:
 | invalid input (too long, bad token ids)   | failure                      | term          |
 | unknown adapter; model cannot load or fit | failure                      | term          |
 | forward pass failed, deliveries left      | none                         | nak(1 s)      |
-| forward pass failed, last delivery        | failure                      | term          |
+| forward pass failed, last delivery        | failure; dead letter         | term          |
 | request cancelled (client left, deadline) | none                         | ack           |
 | worker stopping with the item not run     | none                         | nak (at once) |
 | worker killed                             | none                         | (after ack_wait) |
@@ -45,12 +45,14 @@ import secrets
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
 from ..config import Settings
 from ..model_registry import LiveRegistry, ModelSpec, SourceResolver
 from ..queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
+from ..queue.dead_letters import DeadLetters
 from ..queue.errors import PayloadStoreError
 from ..queue.messages import encode
 from ..queue.payloads import PayloadStore, open_payload_store
@@ -103,6 +105,7 @@ class EncoderWorker:
         self.registry = registry
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.worker_id = worker_id or f"enc-{secrets.token_hex(4)}"
+        self.dead_letters = DeadLetters(bus, settings.nats, self.subjects)
         self._clock = time.monotonic
         self._last_interactive = -1e9
         self._preset = {a.spec.id: a for a in adapters}
@@ -323,7 +326,13 @@ class EncoderWorker:
             self._last_interactive = self._clock()
         fresh: list[HeldJob] = []
         for delivery in deliveries:
-            job = await read_job(self.payloads, self.bus, delivery, self.settings.nats.max_deliver)
+            job = await read_job(
+                self.payloads,
+                self.dead_letters,
+                delivery,
+                self.settings.nats.max_deliver,
+                self.worker_id,
+            )
             if job is None:
                 continue
             if job.request_id in self._cancelled:
@@ -474,21 +483,31 @@ class EncoderWorker:
             loop = asyncio.get_running_loop()
             toks = [u.tok for u in batch]
             started = self._clock()
-            try:
-                outputs = await loop.run_in_executor(
-                    self._forward, _forward, lane.adapter, op, lora, toks, threads
+            outputs, errors = await loop.run_in_executor(
+                self._forward, _forward_isolating, lane.adapter, op, lora, toks, threads
+            )
+            if errors:
+                # Only the jobs whose own inputs failed retry; their batch mates are answered.
+                failed: dict[int, tuple[HeldJob, str]] = {}
+                for i, error in errors.items():
+                    failed.setdefault(id(batch[i].held), (batch[i].held, error))
+                log.error(
+                    "forward pass failed for %s on %d of %d inputs (%d jobs): %s",
+                    lane.model,
+                    len(errors),
+                    len(batch),
+                    len(failed),
+                    next(iter(errors.values())),
                 )
-            except Exception:
-                log.exception("forward pass failed for %s (batch of %d)", lane.model, len(batch))
-                for held in _jobs_of(batch):
-                    await self._retry_or_fail(held)
-                return
-            lane.note_forward(self._clock() - started, len(batch) * max(u.cost for u in batch))
+                for held, error in failed.values():
+                    await self._retry_or_fail(held, error)
+            else:
+                lane.note_forward(self._clock() - started, len(batch) * max(u.cost for u in batch))
             self.batches_run += 1
             self.batch_sizes.append(len(batch))
             for unit, output in zip(batch, outputs, strict=True):
                 held = unit.held
-                if not held.done and held.fill(unit.row, output):
+                if output is not None and not held.done and held.fill(unit.row, output):
                     await self._answer(held, lane)
         finally:
             lane.running -= 1
@@ -544,16 +563,24 @@ class EncoderWorker:
             log.warning("failure reply for %s failed: %r", job.request_id, exc)
         await self._settle(held, settle)
 
-    async def _retry_or_fail(self, held: HeldJob) -> None:
-        if held.delivery.num_delivered < self.settings.nats.max_deliver:
+    async def _retry_or_fail(self, held: HeldJob, error: str) -> None:
+        """Retry a job whose inputs failed the forward pass; on its last delivery keep it
+        as a dead letter (which answers its request) instead."""
+        delivery = held.delivery
+        if delivery.num_delivered < self.settings.nats.max_deliver:
             await self._settle(held, "nak", delay=1.0)
-        else:
-            await self._fail(
-                held,
-                ErrorKind.INTERNAL,
-                "the model failed on this input on every attempt",
-                settle="term",
-            )
+            return
+        self._release(held)
+        await self.dead_letters.bury(
+            delivery.data,
+            delivery.subject,
+            delivery.stream_seq,
+            reason="max_deliver",
+            error=error,
+            deliveries=delivery.num_delivered,
+            worker_id=self.worker_id,
+        )
+        await self._settle(held, "term")
 
     async def _settle(self, held: HeldJob, how: str, delay: float = 0.0) -> None:
         self._release(held)
@@ -657,6 +684,26 @@ def _forward(adapter: EncoderAdapter, op: str, lora: str, toks: list[Tokenized],
         return adapter.forward(op, toks)
     with adapter.lora.active(lora):
         return adapter.forward(op, toks)
+
+
+def _forward_isolating(
+    adapter: EncoderAdapter, op: str, lora: str, toks: list[Tokenized], threads: int
+) -> tuple[list[Any], dict[int, str]]:
+    """`_forward`, and when it raises, the batch again in halves down to single inputs,
+    so one poison input fails alone (at a cost of about 2 log2(n) extra passes, only on
+    failure). Returns each input's output (None where it failed) and the failures by
+    position."""
+    try:
+        return list(_forward(adapter, op, lora, toks, threads)), {}
+    except Exception as exc:
+        if len(toks) == 1:
+            log.debug("forward failed on one input", exc_info=True)
+            return [None], {0: f"{type(exc).__name__}: {exc}"[:500]}
+    half = len(toks) // 2
+    left, left_errors = _forward_isolating(adapter, op, lora, toks[:half], threads)
+    right, right_errors = _forward_isolating(adapter, op, lora, toks[half:], threads)
+    errors = {**left_errors, **{half + i: e for i, e in right_errors.items()}}
+    return left + right, errors
 
 
 def _prepare(adapter: EncoderAdapter, jobs: list[HeldJob]) -> list[list[Tokenized] | str]:

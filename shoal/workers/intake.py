@@ -6,9 +6,10 @@ its header can be read, so no request waits for an item nobody will run:
 
 | what                                   | reply                       | settle             |
 |----------------------------------------|-----------------------------|--------------------|
-| undecodable                            | failure                     | term               |
+| undecodable                            | failure; dead letter        | term               |
 | offloaded, gone (its request is over)  | none                        | ack                |
-| offloaded, store unreadable            | none; failure on last try   | nak (2 s); term    |
+| offloaded, store unreadable            | none; failure and dead      | nak (2 s); term    |
+|                                        | letter on the last try      |                    |
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import logging
 
 import msgspec
 
-from ..queue import Bus, Delivery, ErrorKind, JobFailed
-from ..queue.messages import Job, decode_job_header, encode
+from ..queue import Delivery, ErrorKind
+from ..queue.dead_letters import DeadLetters
+from ..queue.messages import Job
 from ..queue.objects import ObjectNotFoundError, ObjectStoreError
 from ..queue.payloads import PayloadStore
 
@@ -29,14 +31,19 @@ log = logging.getLogger(__name__)
 
 
 async def read_job(
-    payloads: PayloadStore, bus: Bus, delivery: Delivery, max_deliver: int
+    payloads: PayloadStore,
+    dead_letters: DeadLetters,
+    delivery: Delivery,
+    max_deliver: int,
+    worker_id: str,
 ) -> Job | None:
     """The item's job; None when the item was settled here instead."""
     try:
         return await payloads.job_of(delivery.data)
     except msgspec.DecodeError as exc:
         log.error("undecodable work item (%d bytes): %s", len(delivery.data), exc)
-        await refuse(bus, delivery, ErrorKind.INTERNAL, f"the worker could not read it: {exc}")
+        message = f"the worker could not read it: {exc}"
+        await refuse(dead_letters, delivery, "undecodable", message, worker_id)
     except ObjectNotFoundError:
         with contextlib.suppress(Exception):
             await delivery.ack()
@@ -47,22 +54,37 @@ async def read_job(
                 await delivery.nak(2.0)
         else:
             message = f"the payload store cannot be read: {exc}"
-            await refuse(bus, delivery, ErrorKind.UNAVAILABLE, message)
+            await refuse(
+                dead_letters,
+                delivery,
+                "payload_unreadable",
+                message,
+                worker_id,
+                kind=ErrorKind.UNAVAILABLE,
+            )
     return None
 
 
-async def refuse(bus: Bus, delivery: Delivery, kind: ErrorKind, message: str) -> None:
-    """Answer the item's request with a failure if its header reads, then drop the item
-    for good."""
-    try:
-        header = decode_job_header(delivery.data)
-    except msgspec.DecodeError:
-        header = None
-    if header is not None:
-        failure = JobFailed(
-            request_id=header.request_id, part=header.part, kind=kind, message=message
-        )
-        with contextlib.suppress(Exception):
-            await bus.publish(header.reply_to, encode(failure))
+async def refuse(
+    dead_letters: DeadLetters,
+    delivery: Delivery,
+    reason: str,
+    message: str,
+    worker_id: str,
+    kind: ErrorKind = ErrorKind.INTERNAL,
+) -> None:
+    """Keep the item as a dead letter, answer its request with a failure if its header
+    reads, then drop the item for good."""
+    await dead_letters.bury(
+        delivery.data,
+        delivery.subject,
+        delivery.stream_seq,
+        reason=reason,
+        error=message,
+        deliveries=delivery.num_delivered,
+        worker_id=worker_id,
+        kind=kind,
+        message=message,
+    )
     with contextlib.suppress(Exception):
         await delivery.term()

@@ -22,8 +22,9 @@ from shoal.queue import (
     QueueFullError,
     Subjects,
 )
+from shoal.queue.dead_letters import DeadLetters
 from shoal.queue.errors import PayloadStoreError
-from shoal.queue.messages import decode_reply, encode
+from shoal.queue.messages import decode_job, decode_reply, encode
 from shoal.queue.objects import LocalObjectStore
 from shoal.queue.payloads import PayloadStore
 from shoal.queue.provision import ensure_consumer, ensure_work_stream
@@ -102,6 +103,8 @@ class Harness:
             self.bus, self.subjects, self.settings.gateway, self.settings.nats, self.payloads
         )
         await self.dispatcher.start()
+        self.dead = DeadLetters(self.bus, self.settings.nats, self.subjects)
+        await self.dead.watch_exhausted()
 
     async def add_worker(self, adapter: DummyAdapter | None = None) -> EncoderWorker:
         bus = await Bus.connect(self.settings.nats, "test-worker")
@@ -251,6 +254,68 @@ async def test_a_cancelled_request_stops_running_and_its_queued_items_are_droppe
     assert sum(adapter.batches) - 1 == ran  # nothing of it runs later
     texts = ["still serving"]
     np.testing.assert_allclose(await harness.embed(texts), expected(texts), rtol=1e-6)
+
+
+async def test_a_poison_input_fails_alone_and_ends_as_a_dead_letter(harness) -> None:
+    """One input that crashes the forward pass, batched with good ones: the batch is
+    split until the poison runs alone, its mates are answered on the first delivery,
+    and after max_deliver it is a dead letter and its request a clear failure."""
+    adapter = FlakyAdapter(SPEC)
+    await harness.add_worker(adapter)
+    good = [[f"good {i} a", f"good {i} b"] for i in range(12)]
+    calls = [harness.embed(texts) for texts in good[:6]]
+    calls.append(harness.embed(["fine", "boom", "also fine"]))
+    calls.extend(harness.embed(texts) for texts in good[6:])
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    poisoned = results.pop(6)
+    assert isinstance(poisoned, JobFailedError), poisoned
+    assert poisoned.failure.kind is ErrorKind.INTERNAL
+    assert "dead letter" in poisoned.failure.message
+    for texts, got in zip(good, results, strict=True):
+        np.testing.assert_allclose(got, expected(texts), rtol=1e-6)
+    max_deliver = harness.settings.nats.max_deliver
+    assert max(adapter.batches) > 3  # the poison shared batches with good inputs
+    letters = await harness.dead.recent(10)
+    assert len(letters) == 1
+    _, letter = letters[0]
+    assert (letter.model, letter.op, letter.reason) == (SPEC.id, "embed", "max_deliver")
+    assert letter.deliveries == max_deliver
+    assert "boom" in letter.error and letter.worker_id.startswith("enc-")
+    assert decode_job(letter.item).texts == ["fine", "boom", "also fine"]
+    await _until_stream_empty(harness)
+
+
+async def test_an_item_whose_workers_keep_dying_ends_as_a_dead_letter(
+    nats_server, tmp_path: Path
+) -> None:
+    """A worker that dies holding the item (it never settles it), every delivery: after
+    max_deliver JetStream gives up, and the gateway buries it and answers the request
+    instead of leaving it to its deadline or in the stream forever."""
+    h = Harness(
+        settings_for(nats_server.url, ack_wait=1.0, max_deliver=2), RecordingStore(tmp_path)
+    )
+    await h.open()
+    try:
+        s = h.settings
+        consumer = await ensure_consumer(h.bus, s.nats, h.subjects, "interactive", SPEC.id)
+        dying = await h.bus.puller(s.nats.stream, consumer)
+        started = time.monotonic()
+        task = asyncio.create_task(h.embed(["crashes every worker"], timeout=60))
+        for _ in range(2):  # taken, never settled: as if its worker died each time
+            assert len(await dying.fetch(1, 5.0)) == 1
+        # JetStream notices the exhausted item when a worker next asks for work.
+        assert await dying.fetch(1, 2.0) == []
+        with pytest.raises(JobFailedError) as caught:
+            await task
+        assert time.monotonic() - started < 30  # well before the request's deadline
+        assert "stopped without an answer" in caught.value.failure.message
+        (_, letter), *_ = await h.dead.recent(10)
+        assert (letter.reason, letter.worker_id, letter.deliveries) == ("worker_crashed", "", 2)
+        assert decode_job(letter.item).texts == ["crashes every worker"]
+        await _until_stream_empty(h)
+        await dying.close()
+    finally:
+        await h.close()
 
 
 async def test_an_item_held_by_a_crashed_consumer_is_redelivered_after_ack_wait(harness) -> None:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Annotated
 
 from litestar import Controller, delete, get, post
+from litestar.params import Parameter
 
 from ...compat.admin import (
     AdapterRegistration,
+    DeadLetterInfo,
+    DeadLetterList,
     ModelInfo,
     ModelInfoList,
     WorkerInfo,
@@ -142,3 +146,17 @@ class AdminController(Controller):
     async def status(self, runtime: RuntimeDep) -> WorkerStatus:
         beats = sorted(runtime.dispatcher.live_workers(), key=lambda w: w.worker_id)
         return WorkerStatus([WorkerInfo.of(beat) for beat in beats])
+
+    @get(
+        "/dead-letters",
+        summary="Work items given up on after max_deliver (or unreadable), newest first",
+        responses=RESOURCE_ERRORS,
+    )
+    async def dead_letters(
+        self,
+        runtime: RuntimeDep,
+        limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
+        model: str = "",
+    ) -> DeadLetterList:
+        letters = await runtime.dead_letters.recent(limit, model)
+        return DeadLetterList([DeadLetterInfo.of(seq, letter) for seq, letter in letters])

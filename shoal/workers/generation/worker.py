@@ -11,9 +11,10 @@ A cancel message (the client went away) stops the job's sequences and frees thei
 | all choices finished              | chunks, the last `done`       | ack             |
 | prompt too long, bad input        | failure                       | term            |
 | deadline passed before it ran     | failure                       | ack             |
-| cancelled by the client           | none                          | ack             |
+| cancelled (client left), running  | none                          | ack             |
+| or still queued when pulled       |                               |                 |
 | runtime failed, deliveries left   | none                          | nak (new attempt) |
-| runtime failed, last delivery     | failure                       | term            |
+| runtime failed, last delivery     | failure; dead letter          | term            |
 | worker stopping                   | none                          | nak             |
 """
 
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ...config import Settings
 from ...model_registry import LiveRegistry, ModelSpec, SourceResolver
 from ...queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
+from ...queue.dead_letters import DeadLetters
 from ...queue.messages import (
     ChoiceDelta,
     GenerateChunk,
@@ -95,6 +97,7 @@ class GenerationWorker:
         self.registry = registry
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.worker_id = f"gen-{secrets.token_hex(4)}"
+        self.dead_letters = DeadLetters(bus, settings.nats, self.subjects)
         self._preset = runtimes or {}
         self._models: dict[str, _Model] = {}
         self._jobs: dict[str, _Running] = {}
@@ -230,11 +233,18 @@ class GenerationWorker:
                 await self._admit(model, delivery)
 
     async def _admit(self, model: _Model, delivery: Delivery) -> None:
-        job = await read_job(self.payloads, self.bus, delivery, self.settings.nats.max_deliver)
+        job = await read_job(
+            self.payloads,
+            self.dead_letters,
+            delivery,
+            self.settings.nats.max_deliver,
+            self.worker_id,
+        )
         if job is None:
             return
         if not isinstance(job, GenerateJob):
-            await refuse(self.bus, delivery, ErrorKind.INTERNAL, "not a generation job")
+            message = "not a generation job"
+            await refuse(self.dead_letters, delivery, "undecodable", message, self.worker_id)
             return
         if job.request_id in self._cancelled:  # its client left while it was queued
             with contextlib.suppress(Exception):
@@ -398,13 +408,18 @@ class GenerationWorker:
         else:
             running.settled = True
             self._forget(running)
-            await self._reject(
-                running.delivery,
-                running.job,
-                ErrorKind.INTERNAL,
-                "generation failed on every attempt",
-                "term",
+            delivery = running.delivery
+            await self.dead_letters.bury(
+                delivery.data,
+                delivery.subject,
+                delivery.stream_seq,
+                reason="max_deliver",
+                error=error,
+                deliveries=delivery.num_delivered,
+                worker_id=self.worker_id,
             )
+            with contextlib.suppress(Exception):
+                await delivery.term()
 
     async def _settle(self, running: _Running, how: str) -> None:
         if running.settled:
