@@ -56,7 +56,7 @@ from ..queue import (
     Subjects,
 )
 from ..queue.dead_letters import DeadLetters
-from ..queue.errors import PayloadStoreError
+from ..queue.errors import BacklogTooLongError, PayloadStoreError
 from ..queue.messages import Result
 from ..queue.objects import open_object_store
 from ..queue.payloads import PayloadStore
@@ -142,6 +142,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.dead_letters.close()
+        await self.dispatcher.close()
         await self.bus.close()
 
     def resolve(
@@ -266,6 +267,13 @@ def as_shoal_error(exc: Exception, model: str) -> Exception:
         case QueueFullError():
             return OverloadedError(
                 "The work queue is full; retry after a moment", retry_after=exc.retry_after
+            )
+        case BacklogTooLongError():
+            return UnavailableError(
+                f"Model '{model}' has a backlog its workers would not finish before this "
+                "request's deadline; retry after a moment",
+                code="backlog_too_long",
+                retry_after=exc.retry_after,
             )
         case NoWorkerError():
             return UnavailableError(

@@ -26,7 +26,9 @@ from collections.abc import AsyncIterator, Sequence
 import msgspec
 
 from ..config import GatewaySettings, NatsSettings
+from .backlog import BacklogMonitor
 from .errors import (
+    BacklogTooLongError,
     DeadlineExceededError,
     JobFailedError,
     NoWorkerError,
@@ -109,11 +111,16 @@ class Dispatcher:
         self._workers: dict[str, LiveWorker] = {}
         self._started_at = time.time()
         self._fetching: set[asyncio.Task] = set()
+        self.backlog = BacklogMonitor(bus, nats.stream, subjects)
 
     async def start(self) -> None:
         await ensure_work_stream(self._bus, self._nats, self._subjects)
         await self._bus.subscribe(self.reply_subject, self._on_reply)
         await self._bus.subscribe(self._subjects.heartbeat, self._on_heartbeat)
+        self.backlog.start()
+
+    async def close(self) -> None:
+        await self.backlog.close()
 
     def new_request_id(self) -> str:
         return f"{self.gateway_id}-{next(self._ids)}"
@@ -138,6 +145,8 @@ class Dispatcher:
             raise NoWorkerError(model)
         if not self._bus.is_connected:
             raise QueueUnavailableError("not connected to NATS")
+        if lane == "interactive":
+            self._check_backlog(model, deadline)
         subject = self._subjects.work(lane, model, OP_OF_JOB[type(jobs[0])])  # type: ignore[arg-type]
         pending = self._pending[request_id] = _Pending(len(jobs))
         stored: list[str] = []
@@ -214,6 +223,14 @@ class Dispatcher:
             await self._payloads.discard(stored)
             if not finished:
                 await self.cancel(request_id)
+
+    def _check_backlog(self, model: str, deadline: float) -> None:
+        """Refuse live work that would sit behind the model's backlog past its deadline
+        (batch-lane work is meant to wait)."""
+        wait = self.backlog.wait_for(model)
+        allowed = deadline - time.time()
+        if wait > allowed:
+            raise BacklogTooLongError(model, wait, retry_after=max(1.0, wait - allowed))
 
     async def cancel(self, request_id: str) -> None:
         """Ask workers to stop the request's work: nobody waits for it any more."""

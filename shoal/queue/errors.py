@@ -5,6 +5,7 @@ from __future__ import annotations
 from .messages import JobFailed
 
 __all__ = [
+    "BacklogTooLongError",
     "DeadlineExceededError",
     "JobFailedError",
     "KeyConflictError",
@@ -33,6 +34,17 @@ class QueueUnavailableError(QueueError):
 
     def __init__(self, detail: str, retry_after: float = 1.0) -> None:
         super().__init__(detail)
+        self.retry_after = retry_after
+
+
+class BacklogTooLongError(QueueError):
+    """The model's backlog would outlast the request's deadline; retry after
+    `retry_after` seconds."""
+
+    def __init__(self, model: str, wait: float, retry_after: float) -> None:
+        super().__init__(f"the backlog of {model} would take {wait:.0f}s")
+        self.model = model
+        self.wait = wait
         self.retry_after = retry_after
 
 

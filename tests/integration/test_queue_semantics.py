@@ -23,7 +23,7 @@ from shoal.queue import (
     Subjects,
 )
 from shoal.queue.dead_letters import DeadLetters
-from shoal.queue.errors import PayloadStoreError
+from shoal.queue.errors import BacklogTooLongError, DeadlineExceededError, PayloadStoreError
 from shoal.queue.messages import decode_job, decode_reply, encode
 from shoal.queue.objects import LocalObjectStore
 from shoal.queue.payloads import PayloadStore
@@ -149,6 +149,7 @@ class Harness:
         return np.frombuffer(r.data, dtype="<f4").reshape(r.rows, r.dims)
 
     async def close(self) -> None:
+        await self.dispatcher.close()
         for w, stop, task in self.workers:
             if not task.done():
                 stop.set()
@@ -254,6 +255,38 @@ async def test_a_cancelled_request_stops_running_and_its_queued_items_are_droppe
     assert sum(adapter.batches) - 1 == ran  # nothing of it runs later
     texts = ["still serving"]
     np.testing.assert_allclose(await harness.embed(texts), expected(texts), rtol=1e-6)
+
+
+async def test_live_work_that_would_outwait_its_deadline_is_refused_at_once(harness) -> None:
+    """A backlog of ~5 s (measured from the model's consumer: depth over drain rate):
+    a request with a 1 s deadline is refused at once with a retry hint, one with a
+    long deadline is queued and answered, and batch-lane work is never refused."""
+
+    class Slower(DummyAdapter):
+        def embed(self, batch):
+            time.sleep(0.2)  # 16 inputs per 0.2 s: about 80 a second
+            return super().embed(batch)
+
+    await harness.add_worker(Slower(SPEC))
+    flood = [asyncio.create_task(harness.embed([f"flood {i}"], timeout=60)) for i in range(500)]
+    await asyncio.sleep(3.0)  # the monitor measures the drain rate meanwhile
+    started = time.monotonic()
+    rid = harness.dispatcher.new_request_id()
+    with pytest.raises(BacklogTooLongError) as caught:
+        await harness.dispatcher.submit(
+            rid, [harness.job(rid, ["in a hurry"])], "interactive", time.time() + 1
+        )
+    assert time.monotonic() - started < 0.5
+    assert caught.value.wait > 1.0 and caught.value.retry_after >= 1.0
+    rid = harness.dispatcher.new_request_id()
+    batch_lane = harness.dispatcher.submit(
+        rid, [harness.job(rid, ["no hurry"])], "batch", time.time() + 1
+    )
+    with pytest.raises(DeadlineExceededError):  # queued (not refused), then timed out
+        await batch_lane
+    texts = ["patient"]
+    np.testing.assert_allclose(await harness.embed(texts, timeout=60), expected(texts), rtol=1e-6)
+    await asyncio.gather(*flood)
 
 
 async def test_a_poison_input_fails_alone_and_ends_as_a_dead_letter(harness) -> None:

@@ -1,0 +1,121 @@
+"""How long new work for a model would wait: its queue depth over its drain rate.
+
+A bounded stream refuses work only when it is full; long before that, a model whose
+workers cannot keep up builds a backlog that new requests would sit behind until their
+deadline. The gateway watches, for each model it recently sent live work to, the model's
+consumer: items waiting (`num_pending` + `num_ack_pending`) and items finished per second
+(the growth of its ack floor, smoothed). A request that would wait longer than its
+deadline is refused at once (503 with `Retry-After`) instead of queued to time out.
+
+The numbers come from JetStream, so they count every gateway's work, not this one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import nats.errors
+import nats.js.errors
+
+from .nats import Bus
+from .subjects import Subjects
+
+__all__ = ["BacklogMonitor"]
+
+log = logging.getLogger(__name__)
+
+_POLL = 1.0
+"""Seconds between looks at each active model's consumer."""
+_ACTIVE = 30.0
+"""A model is watched while it had live work within this many seconds."""
+_SMOOTHING = 0.3
+"""Weight of the newest drain-rate sample (an exponential moving average)."""
+_MIN_BACKLOG = 8
+"""Below this many waiting items there is no backlog to speak of."""
+
+
+class _Model:
+    __slots__ = ("ack_floor", "last_request", "pending", "polled_at", "rate")
+
+    def __init__(self, now: float) -> None:
+        self.last_request = now
+        self.pending = 0
+        self.rate = 0.0
+        """Items finished per second; 0 until measured."""
+        self.ack_floor = -1
+        self.polled_at = 0.0
+
+
+class BacklogMonitor:
+    def __init__(
+        self,
+        bus: Bus,
+        stream: str,
+        subjects: Subjects,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._bus = bus
+        self._stream = stream
+        self._subjects = subjects
+        self._clock = clock
+        self._models: dict[str, _Model] = {}
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def wait_for(self, model: str) -> float:
+        """Seconds a new live item for `model` would wait before a worker finishes it;
+        0 when there is no backlog or it cannot be told yet. Marks the model active."""
+        now = self._clock()
+        state = self._models.get(model)
+        if state is None:
+            self._models[model] = _Model(now)
+            return 0.0
+        state.last_request = now
+        if state.pending < _MIN_BACKLOG or state.rate <= 0:
+            return 0.0
+        return state.pending / state.rate
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_POLL)
+            now = self._clock()
+            for model, state in list(self._models.items()):
+                if now - state.last_request > _ACTIVE:
+                    del self._models[model]
+                    continue
+                try:
+                    await self._poll(model, state)
+                except Exception:  # an estimate is advice: never let it stop watching
+                    log.exception("backlog poll of %s failed", model)
+
+    async def _poll(self, model: str, state: _Model) -> None:
+        consumer = self._subjects.consumer("interactive", model)
+        try:
+            info = await self._bus.jsm.consumer_info(self._stream, consumer)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            log.debug("backlog of %s unknown: %r", model, exc)
+            return  # no worker made the consumer yet, or NATS is away: no estimate
+        now = self._clock()
+        state.pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
+        floor = info.ack_floor.consumer_seq if info.ack_floor else 0
+        if state.ack_floor >= 0 and now > state.polled_at:
+            sample = max(0, (floor or 0) - state.ack_floor) / (now - state.polled_at)
+            if sample > 0 or state.pending:  # an idle model keeps its last known rate
+                state.rate = (
+                    sample
+                    if state.rate <= 0
+                    else _SMOOTHING * sample + (1 - _SMOOTHING) * state.rate
+                )
+        state.ack_floor, state.polled_at = floor or 0, now
