@@ -87,6 +87,13 @@ class BacklogMonitor:
             return 0.0
         return state.pending / state.rate
 
+    def discount(self, model: str, items: int) -> None:
+        """`items` of the model's backlog were cancelled: workers will drop them unrun.
+        Until the next poll sees it, count them out."""
+        state = self._models.get(model)
+        if state is not None:
+            state.pending = max(0, state.pending - items)
+
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(_POLL)

@@ -163,7 +163,10 @@ class Dispatcher:
             await self._payloads.discard(stored)
             if published and pending.remaining:
                 # Nobody waits for the rest (deadline, a failed part, the client left): workers drop
-                # its queued and running parts instead of computing unread answers.
+                # its queued and running parts instead of computing unread answers, so they
+                # are no backlog for the next request either.
+                if lane == "interactive":
+                    self.backlog.discount(model, pending.remaining)
                 await self.cancel(request_id)
 
     async def _publish(self, subject: str, jobs: Sequence[Job], stored: list[str]) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from shoal.api.keys import hash_key
 from shoal.queue.embedded import EmbeddedNats, free_port
-from tests.helpers import GEN_MODEL, MODEL, ShoalProcess, shoal_env, start_gateway, wait_ready
+from tests.helpers import GEN_MODEL, MODEL, ShoalProcess, shoal_env, start_gateway, wait_until
 from tests.openai_schema import validate
 
 pytestmark = pytest.mark.slow
@@ -63,10 +63,15 @@ def secured(
     }
     gateway, base = start_gateway(session_nats.url, data, env)
     try:
-        wait_ready(base, gateway)
+        wait_until(lambda: _serves(base, MODEL), 60, gateway, f"{MODEL} on the secured gateway")
         yield base, gateway
     finally:
         gateway.stop()
+
+
+def _serves(base: str, model: str) -> bool:
+    """Whether this gateway has heard from a worker serving `model` (/ready is public)."""
+    return model in httpx.get(f"{base}/ready", timeout=5).json()["ready_models"]
 
 
 def client(base: str, key: str) -> openai.OpenAI:

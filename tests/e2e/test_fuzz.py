@@ -70,6 +70,7 @@ OPERATIONS = [
     ("DELETE", "/admin/v1/models/{model_id}/adapters/{name}"),
     ("DELETE", "/admin/v1/models/{model_id}"),
     ("GET", "/admin/v1/status"),
+    ("GET", "/admin/v1/dead-letters"),
     ("GET", "/v1/files/{file_id}/content"),
     ("GET", "/v1/files"),
     ("POST", "/v1/files"),

@@ -67,6 +67,8 @@ def test_a_3_mib_request_is_offloaded_served_and_cleaned_up(
     small_nats, tmp_path: Path, store, st_model
 ) -> None:
     env, s3 = store
+    # One text below is 3 MiB: past the default per-input bound (200k characters).
+    env = {**env, "SHOAL_GATEWAY__MAX_INPUT_CHARS": str(4 << 20)}
     worker = start_worker(small_nats.url, tmp_path, extra=env)
     gateway, base = start_gateway(small_nats.url, tmp_path, env)
     try:
