@@ -28,7 +28,7 @@ __all__ = ["BacklogMonitor"]
 
 log = logging.getLogger(__name__)
 
-_POLL = 1.0
+_POLL = 0.5
 """Seconds between looks at each active model's consumer."""
 _ACTIVE = 30.0
 """A model is watched while it had live work within this many seconds."""
