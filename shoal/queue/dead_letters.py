@@ -28,6 +28,7 @@ import nats.js.errors
 from ..config import NatsSettings
 from .messages import ErrorKind, JobFailed, decode_job_header, encode
 from .nats import Bus
+from .source import Delivery
 from .subjects import Subjects, token_model
 
 __all__ = ["DeadLetter", "DeadLetters", "dead_letter_stream_config"]
@@ -157,6 +158,29 @@ class DeadLetters:
             )
             with contextlib.suppress(Exception):
                 await self._bus.publish(header.reply_to, encode(failure))
+
+    async def bury_delivery(
+        self,
+        delivery: Delivery,
+        *,
+        reason: str,
+        error: str,
+        worker_id: str,
+        kind: ErrorKind = ErrorKind.INTERNAL,
+        message: str = "",
+    ) -> None:
+        """`bury` for an item a worker holds (the worker then terminates it)."""
+        await self.bury(
+            delivery.data,
+            delivery.subject,
+            delivery.stream_seq,
+            reason=reason,
+            error=error,
+            deliveries=delivery.num_delivered,
+            worker_id=worker_id,
+            kind=kind,
+            message=message,
+        )
 
     # The gateway side: items whose workers died holding them ---------------------------
 

@@ -571,14 +571,8 @@ class EncoderWorker:
             await self._settle(held, "nak", delay=1.0)
             return
         self._release(held)
-        await self.dead_letters.bury(
-            delivery.data,
-            delivery.subject,
-            delivery.stream_seq,
-            reason="max_deliver",
-            error=error,
-            deliveries=delivery.num_delivered,
-            worker_id=self.worker_id,
+        await self.dead_letters.bury_delivery(
+            delivery, reason="max_deliver", error=error, worker_id=self.worker_id
         )
         await self._settle(held, "term")
 

@@ -75,16 +75,8 @@ async def refuse(
 ) -> None:
     """Keep the item as a dead letter, answer its request with a failure if its header
     reads, then drop the item for good."""
-    await dead_letters.bury(
-        delivery.data,
-        delivery.subject,
-        delivery.stream_seq,
-        reason=reason,
-        error=message,
-        deliveries=delivery.num_delivered,
-        worker_id=worker_id,
-        kind=kind,
-        message=message,
+    await dead_letters.bury_delivery(
+        delivery, reason=reason, error=message, worker_id=worker_id, kind=kind, message=message
     )
     with contextlib.suppress(Exception):
         await delivery.term()

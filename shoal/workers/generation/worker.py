@@ -409,14 +409,8 @@ class GenerationWorker:
             running.settled = True
             self._forget(running)
             delivery = running.delivery
-            await self.dead_letters.bury(
-                delivery.data,
-                delivery.subject,
-                delivery.stream_seq,
-                reason="max_deliver",
-                error=error,
-                deliveries=delivery.num_delivered,
-                worker_id=self.worker_id,
+            await self.dead_letters.bury_delivery(
+                delivery, reason="max_deliver", error=error, worker_id=self.worker_id
             )
             with contextlib.suppress(Exception):
                 await delivery.term()
