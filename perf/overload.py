@@ -88,7 +88,8 @@ async def capacity(base: str, texts: list[str], seconds: float) -> float:
             i = k
             while time.monotonic() < deadline:
                 r = await client.post("/v1/embeddings", json=body(texts, i))
-                r.raise_for_status()
+                if r.status_code != 200:
+                    raise RuntimeError(f"{r.status_code}: {r.text}")
                 done += 1
                 i += 8
 
@@ -139,9 +140,26 @@ async def offer(base: str, texts: list[str], rate: float, seconds: float, client
     }
 
 
+async def until_drained(url: str, bound: float = 120.0) -> None:
+    """Until the work stream is empty: the previous setting's leftovers (requests that
+    timed out are dropped by the worker at their deadline) must not load the next one."""
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        deadline = time.monotonic() + bound
+        while (await nc.jsm().stream_info("SHOAL_WORK")).state.messages:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the work stream did not drain")
+            await asyncio.sleep(0.5)
+    finally:
+        await nc.close()
+
+
 def run_setting(
     server: EmbeddedNats, data: Path, texts: list[str], in_flight: int, rate: float, args
 ) -> dict:
+    asyncio.run(until_drained(server.url))
     env = {"SHOAL_GATEWAY__MAX_IN_FLIGHT": str(in_flight), "SHOAL_GATEWAY__REQUEST_TIMEOUT": "15"}
     gateway, base = start_gateway(server.url, data, env)
     try:

@@ -4,7 +4,7 @@ A bounded stream refuses work only when it is full; long before that, a model wh
 workers cannot keep up builds a backlog that new requests would sit behind until their
 deadline. The gateway watches, for each model it recently sent live work to, the model's
 consumer: items waiting (`num_pending` + `num_ack_pending`) and items finished per second
-(the growth of its ack floor, smoothed). A request that would wait longer than its
+(deliveries less unacked ones, their growth smoothed). A request that would wait longer than its
 deadline is refused at once (503 with `Retry-After`) instead of queued to time out.
 
 The numbers come from JetStream, so they count every gateway's work, not this one's.
@@ -36,18 +36,37 @@ _SMOOTHING = 0.3
 """Weight of the newest drain-rate sample (an exponential moving average)."""
 _MIN_BACKLOG = 8
 """Below this many waiting items there is no backlog to speak of."""
+_STALLED = 5.0
+"""A queue that has not moved for this long has no drain rate to speak of (its workers
+are loading, restarting or gone): no estimate, so deadlines and the no-worker policy
+decide, not a rate measured before."""
 
 
 class _Model:
-    __slots__ = ("ack_floor", "last_request", "pending", "polled_at", "rate")
+    __slots__ = (
+        "finished",
+        "last_request",
+        "pending",
+        "progress_at",
+        "rate",
+        "unrun",
+        "warming",
+    )
 
     def __init__(self, now: float) -> None:
         self.last_request = now
         self.pending = 0
         self.rate = 0.0
-        """Items finished per second; 0 until measured."""
-        self.ack_floor = -1
-        self.polled_at = 0.0
+        """Items finished per second while the queue moves; 0 until measured."""
+        self.finished = -1
+        self.progress_at = now
+        """When `finished` last grew (or the queue was last empty)."""
+        self.warming = True
+        """Until the first growth is seen: that sample spans the wait for the first batch,
+        not a drain rate, so it is skipped."""
+        self.unrun = 0
+        """Items this gateway cancelled whose acks (unrun) are still to come: they move
+        them as finished without any work done, so they are not counted as drained."""
 
 
 class BacklogMonitor:
@@ -85,7 +104,16 @@ class BacklogMonitor:
         state.last_request = now
         if state.pending < _MIN_BACKLOG or state.rate <= 0:
             return 0.0
+        if now - state.progress_at > _STALLED:
+            return 0.0
         return state.pending / state.rate
+
+    def admitted(self, model: str, items: int) -> None:
+        """This gateway just queued `items` for the model: count them now, since under a
+        burst many requests are admitted between two polls."""
+        state = self._models.get(model)
+        if state is not None:
+            state.pending += items
 
     def discount(self, model: str, items: int) -> None:
         """`items` of the model's backlog were cancelled: workers will drop them unrun.
@@ -93,6 +121,7 @@ class BacklogMonitor:
         state = self._models.get(model)
         if state is not None:
             state.pending = max(0, state.pending - items)
+            state.unrun += items
 
     async def _poll_forever(self) -> None:
         while True:
@@ -116,13 +145,29 @@ class BacklogMonitor:
             return  # no worker made the consumer yet, or NATS is away: no estimate
         now = self._clock()
         state.pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
-        floor = info.ack_floor.consumer_seq if info.ack_floor else 0
-        if state.ack_floor >= 0 and now > state.polled_at:
-            sample = max(0, (floor or 0) - state.ack_floor) / (now - state.polled_at)
-            if sample > 0 or state.pending:  # an idle model keeps its last known rate
+        # Items finished so far: deliveries less those still unacked (a redelivery counts
+        # twice, a small overcount). Not the ack floor: batches ack out of order, and the
+        # floor only moves when the oldest delivery is acked.
+        delivered = info.delivered.consumer_seq if info.delivered else 0
+        finished = max(0, (delivered or 0) - (info.num_ack_pending or 0))
+        if state.finished < 0 or finished < state.finished:  # first look, or a new consumer
+            state.finished, state.progress_at = finished, now
+            return
+        if finished > state.finished:
+            moved = finished - state.finished
+            done = max(0, moved - state.unrun)
+            state.unrun = max(0, state.unrun - moved)
+            if done and state.warming:
+                state.warming = False  # its window began before the first batch did
+            elif done:
+                # Over the time since it last grew, so polls that fall between two
+                # slow batches average in instead of reading as a zero rate.
+                sample = done / max(now - state.progress_at, 1e-3)
                 state.rate = (
                     sample
                     if state.rate <= 0
                     else _SMOOTHING * sample + (1 - _SMOOTHING) * state.rate
                 )
-        state.ack_floor, state.polled_at = floor or 0, now
+            state.finished, state.progress_at = finished, now
+        elif state.pending == 0:
+            state.progress_at = now  # idle is not stalled
