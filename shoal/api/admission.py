@@ -75,7 +75,6 @@ class UsageMeter:
 current_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "shoal_principal", default=None
 )
-current_receive: contextvars.ContextVar[Any] = contextvars.ContextVar("shoal_receive", default=None)
 current_usage: contextvars.ContextVar[UsageMeter | None] = contextvars.ContextVar(
     "shoal_usage", default=None
 )

@@ -65,8 +65,8 @@ class _Model:
         """Until the first growth is seen: that sample spans the wait for the first batch,
         not a drain rate, so it is skipped."""
         self.unrun = 0
-        """Items this gateway cancelled whose acks (unrun) are still to come: they move
-        them as finished without any work done, so they are not counted as drained."""
+        """Items this gateway cancelled whose acks are still to come: workers ack them
+        unrun, which reads as finished with no work done, so they are not counted."""
 
 
 class BacklogMonitor:
