@@ -499,7 +499,10 @@ def test_a_content_length_longer_than_the_body_blocks_no_one(
 
 def test_a_content_length_shorter_than_the_body_is_400(stack: str) -> None:
     body = b'{"model": "all-MiniLM-L6-v2", "input": "hello"}'
-    answer = raw_http(stack, _head("/v1/embeddings", "application/json", 10), body)
+    # No half-close: the declared request is complete, and uvicorn treats a client that
+    # shuts its side as gone, dropping the answer (seen in CI: 27 of 30 answers empty).
+    head = _head("/v1/embeddings", "application/json", 10)
+    answer = raw_http(stack, head, body, half_close=False)
     assert raw_status(answer) == 400, answer
     error = json.loads(raw_body(answer))["error"]
     assert "could not be parsed" in error["message"]
