@@ -67,9 +67,12 @@ def new_key() -> str:
 class Principal:
     """An authenticated caller: one configured key and its limits."""
 
-    __slots__ = ("admin", "models", "name", "routes", "rpm", "tpm")
+    __slots__ = ("active", "admin", "models", "name", "routes", "rpm", "tpm")
 
-    def __init__(self, key: ApiKey, default_rpm: int, default_tpm: int) -> None:
+    def __init__(
+        self, key: ApiKey, default_rpm: int, default_tpm: int, *, active: bool = True
+    ) -> None:
+        self.active = active
         self.name = key.name
         self.models = frozenset(key.models)
         self.routes = frozenset(key.routes)
@@ -78,12 +81,21 @@ class Principal:
         self.tpm = key.tpm or default_tpm
 
     def may_call(self, group: str) -> bool:
+        if not self.active:
+            return False
         if group == "admin":
             return self.admin
         return not self.routes or group in self.routes
 
+    @classmethod
+    def revoked(cls, name: str) -> Principal:
+        """A key no longer configured: it may use nothing (its queued batches fail)."""
+        return cls(ApiKey(name=name, sha256=""), 0, 0, active=False)
+
     def may_use(self, *names: str) -> bool:
         """Whether the key may use a model known by any of `names` (its id, an alias)."""
+        if not self.active:
+            return False
         return not self.models or any(n in self.models for n in names)
 
 
@@ -107,6 +119,13 @@ class KeyRing:
     @property
     def enabled(self) -> bool:
         return bool(self._by_digest)
+
+    def named(self, name: str) -> Principal:
+        """The key called `name`, or a revoked stand-in when none is configured now."""
+        for principal in self._by_digest.values():
+            if principal.name == name:
+                return principal
+        return Principal.revoked(name)
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The caller named by an `Authorization` header value.

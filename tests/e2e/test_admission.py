@@ -19,6 +19,7 @@ import pytest
 
 from shoal.api.keys import hash_key
 from shoal.queue.embedded import EmbeddedNats, free_port
+from tests.e2e.test_batches import wait_batch
 from tests.helpers import GEN_MODEL, MODEL, ShoalProcess, shoal_env, start_gateway, wait_until
 from tests.openai_schema import validate
 
@@ -29,6 +30,7 @@ KEYS = {
     "embedder": "sk-shoal-test-embedder-0123456789",
     "slow": "sk-shoal-test-slow-0123456789",
     "frugal": "sk-shoal-test-frugal-0123456789",
+    "batcher": "sk-shoal-test-batcher-0123456789",
 }
 ENTRIES = [
     {"name": "root", "sha256": hash_key(KEYS["root"]), "admin": True},
@@ -40,6 +42,12 @@ ENTRIES = [
     },
     {"name": "slow", "sha256": hash_key(KEYS["slow"]), "rpm": 3},
     {"name": "frugal", "sha256": hash_key(KEYS["frugal"]), "tpm": 20},
+    {
+        "name": "batcher",
+        "sha256": hash_key(KEYS["batcher"]),
+        "routes": ["files", "batches"],
+        "models": [MODEL],
+    },
 ]
 
 
@@ -164,6 +172,44 @@ def test_tokens_per_minute_count_what_requests_used(secured) -> None:
         frugal.embeddings.create(model=MODEL, input="short")
     assert error_of(caught.value)["type"] == "tokens"
     assert int(caught.value.response.headers["retry-after"]) >= 1
+
+
+def test_batch_lines_run_with_the_creating_keys_model_allowlist(secured, tmp_path) -> None:
+    """Batch lines run later, outside any request: they still may use only the models
+    of the key that created the batch (a line naming another fails the batch's
+    validation, as any invalid line does)."""
+    base, _ = secured
+    batcher = client(base, KEYS["batcher"])
+
+    def run(models: list[str]):
+        lines = [
+            json.dumps(
+                {
+                    "custom_id": f"line-{i}",
+                    "method": "POST",
+                    "url": "/v1/embeddings",
+                    "body": {"model": model, "input": f"text {i}"},
+                }
+            )
+            for i, model in enumerate(models)
+        ]
+        path = tmp_path / f"batch-{len(models)}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        with path.open("rb") as f:
+            upload = batcher.files.create(file=f, purpose="batch")
+        batch = batcher.batches.create(
+            input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        return wait_batch(batcher, batch.id)
+
+    refused = run([MODEL, "test-colbert", MODEL])
+    assert refused.status == "failed", refused
+    (error,) = refused.errors.data
+    assert (error.line, error.param) == (2, "body.model")
+    assert "may not use model 'test-colbert'" in error.message
+    allowed = run([MODEL, MODEL])
+    assert allowed.status == "completed", allowed
+    assert allowed.request_counts.completed == 2
 
 
 def test_keys_never_reach_the_log(secured) -> None:

@@ -34,7 +34,9 @@ from ...compat.errors import InternalError, ShoalError
 from ...compat.openai.batches import BatchError, BatchErrors, RequestCounts
 from ...config import BatchSettings
 from ...queue.objects import ObjectStoreError
+from ..admission import current_principal
 from ..endpoints import BATCH_ENDPOINTS
+from ..keys import KeyRing
 from .lines import LineError, check_line, input_lines, validate
 from .packing import Pack, PackedLine, packed_line
 from .parts import NO_RESPONSE, Outcome, PartWriter, load_parts, part_prefix, render
@@ -71,6 +73,7 @@ class BatchRunner:
         self._runs: dict[str, asyncio.Task] = {}
         self._finished: set[str] = set()
         self._task: asyncio.Task | None = None
+        self.keys = KeyRing(runtime.settings.auth)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
@@ -123,6 +126,7 @@ class _BatchRun:
         self.id = record.batch.id
         self.epoch = record.epoch
         self.owner = runner.runner_id
+        self.creator = record.creator
         self.endpoint = BATCH_ENDPOINTS[record.batch.endpoint]
         self.runtime = runner.runtime.on_batch_lane(self.settings.item_timeout)
         self.stop_reason = "cancelled" if record.batch.status == "cancelling" else ""
@@ -140,6 +144,8 @@ class _BatchRun:
     async def run(self) -> None:
         main = asyncio.current_task()
         assert main is not None
+        if self.creator:  # its lines may use only what the creating key may (this task's context)
+            current_principal.set(self.runner.keys.named(self.creator))
         keeper = asyncio.create_task(self._keep_lease(main))
         try:
             if self.batch.status == "validating" and not await self._validate():

@@ -29,6 +29,9 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     lease_until: float = 0.0
     epoch: int = 0
     """Claims so far; part names carry it so two owners never write the same part."""
+    creator: str = ""
+    """The name of the API key that created it ("" without keys): its lines run with
+    that key's model allowlist."""
 
     @property
     def final(self) -> bool:

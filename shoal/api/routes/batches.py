@@ -11,6 +11,7 @@ from litestar.params import Parameter
 
 from ...compat.errors import ConflictError, InvalidRequestError, NotFoundError
 from ...compat.openai.batches import FINAL_STATES, Batch, BatchList, CreateBatchRequest
+from ..admission import current_principal
 from ..batches.runner import completion_window_seconds
 from ..batches.store import BatchRecord
 from ..endpoints import BATCH_ENDPOINTS
@@ -69,7 +70,9 @@ class BatchesController(Controller):
             expires_at=now + window,
             metadata=data.metadata,
         )
-        await runtime.batches.create(BatchRecord(batch=batch))
+        principal = current_principal.get()
+        creator = principal.name if principal is not None else ""
+        await runtime.batches.create(BatchRecord(batch=batch, creator=creator))
         return batch
 
     @get(summary="List batches, newest first", responses=RESOURCE_ERRORS)

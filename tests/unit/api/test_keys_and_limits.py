@@ -82,6 +82,16 @@ def test_keys_are_found_by_digest_and_carry_their_grants() -> None:
             ring.authenticate(header)
 
 
+def test_a_key_is_found_by_name_and_a_removed_one_may_use_nothing() -> None:
+    """Batches keep their creator's name; lines run later with what that key may do now."""
+    ring = KeyRing(AuthSettings(keys=[ApiKey(name="a", sha256="0" * 64, models=["m"])]))
+    kept = ring.named("a")
+    assert kept.may_use("m") and not kept.may_use("n")
+    removed = ring.named("gone")
+    assert removed.name == "gone"
+    assert not removed.may_use("m") and not removed.may_call("batches")
+
+
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
