@@ -29,6 +29,7 @@ __all__ = [
     "ObjectStoreSettings",
     "S3Settings",
     "Settings",
+    "TelemetrySettings",
     "WorkerSettings",
     "default_data_dir",
     "load_settings",
@@ -245,6 +246,16 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     sglang_start_timeout: float = 600.0
 
 
+class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    metrics_port: int = 0
+    """A worker's `/metrics` port (Prometheus text); 0: none. The gateway serves
+    `/metrics` on its own port."""
+    metrics_host: str = "127.0.0.1"
+    otel: dict[str, str] = {}
+    """The standard `OTEL_*` variables of the environment (traces are off unless they
+    name an exporter or an OTLP endpoint); filled in by `load_settings`."""
+
+
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     data_dir: str = ""
     """Where the embedded nats-server keeps its data; default: the per-user data dir."""
@@ -261,6 +272,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     generator: GeneratorSettings = msgspec.field(default_factory=GeneratorSettings)
+    telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -291,6 +303,7 @@ def load_settings(
         raise ValueError(f"invalid settings: {exc}") from exc
     if not settings.data_dir:
         settings.data_dir = str(default_data_dir(env))
+    settings.telemetry.otel = {k: v for k, v in env.items() if k.startswith("OTEL_")}
     if settings.auth.keys_file:
         settings.auth.keys = [*settings.auth.keys, *_read_keys(Path(settings.auth.keys_file))]
     return settings

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 
+from .. import telemetry
 from ..config import GatewaySettings, NatsSettings
 from .backlog import BacklogMonitor
 from .errors import (
@@ -186,7 +187,10 @@ class Dispatcher:
             if key is not None:
                 stored.append(key)
             items.append((subject, message, f"{job.request_id}.{job.part}"))
-        await self._bus.publish_work(items)
+        headers: dict[str, str] = {}
+        if telemetry.tracing():  # the request's span is current: workers continue its trace
+            telemetry.inject(headers)
+        await self._bus.publish_work(items, headers)
 
     async def stream(
         self, request_id: str, job: GenerateJob, lane: Lane, deadline: float

@@ -320,6 +320,14 @@ class WorkerHeartbeat(_Wire, tag="heartbeat", kw_only=True):
     """Generation: the largest batch one decode step has run."""
     active: int = 0
     """Generation: sequences running or waiting for a slot now."""
+    batches_per_s: float = 0.0
+    """Forward passes per second over the last few seconds."""
+    items_per_s: float = 0.0
+    """Inputs run per second (encoders)."""
+    tokens_per_s: float = 0.0
+    """Tokens run per second (prompt tokens; generated tokens for generation)."""
+    batch_fill: float = 0.0
+    """Mean share of the token budget its recent batches used (encoders), 0..1."""
 
 
 class JobHeader(msgspec.Struct):

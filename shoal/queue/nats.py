@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import nats
@@ -67,6 +67,10 @@ class NatsDelivery:
     @property
     def subject(self) -> str:
         return self._msg.subject
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return self._msg.headers
 
     @property
     def stream_seq(self) -> int:
@@ -300,19 +304,25 @@ class Bus:
 
     # Publishing -------------------------------------------------------------------
 
-    async def publish_work(self, items: list[tuple[str, bytes, str]]) -> None:
+    async def publish_work(
+        self, items: list[tuple[str, bytes, str]], headers: Mapping[str, str] | None = None
+    ) -> None:
         """Publish `(subject, payload, msg_id)` items to JetStream concurrently and wait
-        for every PubAck. (nats-py's `publish_async` never resolves its future when the
-        server answers with an error, such as a full stream, so it is not used.)
+        for every PubAck; `headers` (trace context) go on each. (nats-py's `publish_async`
+        never resolves its future when the server answers with an error, such as a full
+        stream, so it is not used.)
 
         Raises:
             QueueFullError: the stream is at its bound.
             QueueUnavailableError: NATS or the stream is unreachable.
         """
         timeout = self._settings.connect_timeout
+        extra = headers or {}
         results = await asyncio.gather(
             *(
-                self.js.publish(subject, payload, timeout=timeout, headers={_MSG_ID: msg_id})
+                self.js.publish(
+                    subject, payload, timeout=timeout, headers={**extra, _MSG_ID: msg_id}
+                )
                 for subject, payload, msg_id in items
             ),
             return_exceptions=True,

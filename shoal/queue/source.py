@@ -33,6 +33,11 @@ class Delivery(Protocol):
         ...
 
     @property
+    def headers(self) -> dict[str, str] | None:
+        """Its message headers (trace context travels here)."""
+        ...
+
+    @property
     def stream_seq(self) -> int:
         """Its sequence number in the work stream."""
         ...

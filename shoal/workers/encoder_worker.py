@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from .. import telemetry
 from ..config import Settings
 from ..model_registry import LiveRegistry, ModelSpec, SourceResolver
 from ..queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
@@ -65,6 +66,7 @@ from .held import HeldJob, Unit
 from .intake import read_job
 from .lane import BatcherKey, Lane
 from .loader import Loader, LoadError
+from .observe import WorkerMetrics, record_job_spans
 from .residency import Residency, available_memory
 from .results import build_result
 
@@ -137,6 +139,8 @@ class EncoderWorker:
         )
         self.batches_run = 0
         self.batch_sizes: list[int] = []
+        r = self.residency
+        self.metrics = WorkerMetrics("encoder", lambda: (r.used, r.loads, r.evictions))
 
     @property
     def state(self) -> str:
@@ -482,10 +486,16 @@ class EncoderWorker:
                     return
             loop = asyncio.get_running_loop()
             toks = [u.tok for u in batch]
-            started = self._clock()
+            started, wall_started = self._clock(), time.time()
             outputs, errors = await loop.run_in_executor(
                 self._forward, _forward_isolating, lane.adapter, op, lora, toks, threads
             )
+            seconds = self._clock() - started
+            padded = len(batch) * max(u.cost for u in batch)
+            fill = padded / max(1, lane.spec.profile.max_batch_tokens)
+            self.metrics.batch(lane.model, op, len(batch), padded, seconds, fill)
+            if telemetry.tracing():
+                _note_forward(batch, wall_started, wall_started + seconds, padded)
             if errors:
                 # Only the jobs whose own inputs failed retry; their batch mates are answered.
                 failed: dict[int, tuple[HeldJob, str]] = {}
@@ -502,7 +512,7 @@ class EncoderWorker:
                 for held, error in failed.values():
                     await self._retry_or_fail(held, error)
             else:
-                lane.note_forward(self._clock() - started, len(batch) * max(u.cost for u in batch))
+                lane.note_forward(seconds, padded)
             self.batches_run += 1
             self.batch_sizes.append(len(batch))
             for unit, output in zip(batch, outputs, strict=True):
@@ -543,6 +553,7 @@ class EncoderWorker:
             message = "the reply is too large for one message and the payload store failed"
             await self._fail(held, ErrorKind.UNAVAILABLE, f"{message}: {exc}", settle="term")
             return
+        publish_started = time.time()
         try:
             await self.bus.publish(job.reply_to, message)
         except Exception as exc:  # leave it unacked: it is redelivered and answered again
@@ -550,6 +561,8 @@ class EncoderWorker:
             self._release(held)
             return
         await self._settle(held, "ack")
+        if held.trace is not None:
+            _record_spans(held, lane.model, publish_started, time.time())
 
     async def _fail(self, held: HeldJob, kind: ErrorKind, message: str, settle: str) -> None:
         job = held.job
@@ -647,6 +660,7 @@ class EncoderWorker:
             memory_budget=r.budget,
             loads=r.loads,
             evictions=r.evictions,
+            **_rates(self.metrics),
         )
         try:
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
@@ -663,6 +677,51 @@ def _device(setting: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     except ImportError:
         return "cpu"
+
+
+def _note_forward(batch: list[Unit], started: float, ended: float, tokens: int) -> None:
+    """Keep each traced job's forward-pass times (its first batch's start, last's end)
+    and the size of its last batch."""
+    for held in _jobs_of(batch):
+        if held.trace is not None:
+            held.forward_started = held.forward_started or started
+            held.forward_ended = ended
+            held.batch_seen = (len(batch), tokens)
+
+
+def _record_spans(held: HeldJob, model: str, publish_started: float, ended: float) -> None:
+    assert held.trace is not None
+    job = held.job
+    attributes = {"shoal.model": model, "shoal.op": held.op, "shoal.request_id": job.request_id}
+    forward = {
+        "shoal.inputs": len(held.tokens),
+        "shoal.tokens": held.prompt_tokens,
+        "shoal.batch.size": held.batch_seen[0],
+        "shoal.batch.tokens": held.batch_seen[1],
+    }
+    record_job_spans(
+        held.trace,
+        held.delivery.published_at,
+        held.pulled_at,
+        ended,
+        attributes,
+        [
+            ("shoal.tokenize", held.pulled_at, held.queued_at, {}),
+            ("shoal.batch.wait", held.queued_at, held.forward_started, {}),
+            ("shoal.forward", held.forward_started, held.forward_ended, forward),
+            ("shoal.result.publish", publish_started, ended, {}),
+        ],
+    )
+
+
+def _rates(metrics: WorkerMetrics) -> dict[str, float]:
+    batches, items, tokens, fill = metrics.rates()
+    return {
+        "batches_per_s": batches,
+        "items_per_s": items,
+        "tokens_per_s": tokens,
+        "batch_fill": fill,
+    }
 
 
 def _jobs_of(units: list[Unit]) -> list[HeldJob]:

@@ -9,6 +9,7 @@ import numpy as np
 from ..queue.messages import OP_OF_JOB, Job
 from ..queue.source import Delivery
 from .adapters.base import Tokenized
+from .observe import job_context
 
 __all__ = ["HeldJob", "Unit"]
 
@@ -31,16 +32,21 @@ class Unit:
 class HeldJob:
     __slots__ = (
         "batch_lane",
+        "batch_seen",
         "delivery",
         "done",
+        "forward_ended",
+        "forward_started",
         "job",
         "last_progress",
         "op",
         "outputs",
         "prompt_tokens",
         "pulled_at",
+        "queued_at",
         "remaining",
         "tokens",
+        "trace",
     )
 
     def __init__(self, delivery: Delivery, job: Job, batch_lane: bool = False) -> None:
@@ -57,10 +63,16 @@ class HeldJob:
         self.prompt_tokens = 0
         self.done = False
         """Settled (answered, retried or dropped): its remaining units are skipped."""
+        self.trace = job_context(delivery.headers)
+        """The trace it continues (None unless tracing): stage times are kept for it."""
+        self.queued_at = self.forward_started = self.forward_ended = 0.0
+        self.batch_seen = (0, 0)
+        """Inputs and padded tokens of the last batch it ran in (traced jobs only)."""
 
     def start(self, tokens: list[Tokenized]) -> list[Unit]:
         """The job's batcher units; their outputs are filled in as batches finish."""
         self.tokens = tokens
+        self.queued_at = time.time()
         self.remaining = len(tokens)
         self.prompt_tokens = sum(len(t.ids) for t in tokens)
         self.outputs = [None] * len(tokens)  # type: ignore[list-item]

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any
 
+from .. import telemetry
 from ..config import Settings
 from ..model_registry import LiveRegistry, ModelRegistry
 from ..queue import Bus, QueueUnavailableError
@@ -41,9 +42,17 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
 
 
 async def serve_worker(
-    settings: Settings, static: ModelRegistry, worker: type = EncoderWorker
+    settings: Settings,
+    static: ModelRegistry,
+    worker: type = EncoderWorker,
+    service: str = "worker",
 ) -> None:
     """Run one worker of class `worker` (encoder or generation) until SIGINT/SIGTERM."""
+    telemetry.setup(service, settings.telemetry)
+    t = settings.telemetry
+    if t.metrics_port:
+        port = telemetry.serve_metrics(t.metrics_host, t.metrics_port)
+        log.info("metrics on http://%s:%d/metrics", t.metrics_host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -55,6 +64,7 @@ async def serve_worker(
         await worker(settings, bus, registry).run(stop)
     finally:
         await bus.close()
+        telemetry.shutdown()
 
 
 async def _connect(settings: Settings, attempts: int = 60) -> Bus:

@@ -16,4 +16,4 @@ def run_generation_worker(settings: Settings) -> None:
     for name in settings.generator.models:
         if name != "*":
             static.resolve(name)
-    run_loop(serve_worker(settings, static, GenerationWorker))
+    run_loop(serve_worker(settings, static, GenerationWorker, "generator"))

@@ -42,6 +42,7 @@ from ...queue.payloads import PayloadStore, open_payload_store
 from ...queue.provision import ensure_consumer, ensure_work_stream
 from ..cancels import CancelledRequests
 from ..intake import read_job, refuse
+from ..observe import WorkerMetrics, job_context, record_job_spans
 from .engine import SequenceRequest, TokenEvent
 from .runtime import GenerationRuntime, TransformersRuntime
 
@@ -65,6 +66,9 @@ class _Running:
         self.last_progress = time.monotonic()
         """When the queue last heard this job is alive (`in_progress`), not token progress."""
         self.settled = False
+        self.pulled_at = time.time()
+        self.first_token_at = self.last_token_at = 0.0
+        self.trace = job_context(delivery.headers)
 
 
 class _Model:
@@ -108,6 +112,7 @@ class GenerationWorker:
         self._cancelled = CancelledRequests(settings.gateway.request_timeout + 60)
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-gen-load")
         self._resolver = SourceResolver(f"{settings.data_dir}/cache", settings.s3)
+        self.metrics = WorkerMetrics("generator")
 
     @property
     def state(self) -> str:
@@ -359,10 +364,27 @@ class GenerationWorker:
             if e.finish:
                 running.open.discard(e.choice)
         done = not running.open
+        self._note_tokens(model, running, sum(e.generated for e in events))
         await self._publish(running, deltas, done=done)
         if done:
             await self._settle(running, "ack")
             model.room.set()
+            if running.trace is not None:
+                _record_spans(running, model.spec.id)
+
+    def _note_tokens(self, model: _Model, running: _Running, generated: int) -> None:
+        """Time to first token (from publish, as the client waits) and between tokens."""
+        if not generated:
+            return
+        now = time.time()
+        labels = {"model": model.spec.id}
+        if not running.first_token_at:
+            running.first_token_at = now
+            self.metrics.ttft.record(now - running.delivery.published_at, labels)
+        else:
+            self.metrics.inter_token.record((now - running.last_token_at) / generated, labels)
+        running.last_token_at = now
+        self.metrics.generated(model.spec.id, generated)
 
     async def _publish(
         self, running: _Running, deltas: list[ChoiceDelta], done: bool = False, prompt: str = ""
@@ -483,6 +505,25 @@ class GenerationWorker:
             resident=sorted(self._models),
             batch_max=max((m.runtime.max_batch for m in self._models.values()), default=0),
             active=sum(m.runtime.running for m in self._models.values()),
+            tokens_per_s=self.metrics.rates()[2],
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
+
+
+def _record_spans(running: _Running, model: str) -> None:
+    assert running.trace is not None
+    job = running.job
+    attributes = {"shoal.model": model, "shoal.op": "generate", "shoal.request_id": job.request_id}
+    decode = {"shoal.completion_tokens": running.completion_tokens}
+    record_job_spans(
+        running.trace,
+        running.delivery.published_at,
+        running.pulled_at,
+        running.last_token_at,
+        attributes,
+        [
+            ("shoal.generate.first_token", running.pulled_at, running.first_token_at, {}),
+            ("shoal.generate.decode", running.first_token_at, running.last_token_at, decode),
+        ],
+    )
