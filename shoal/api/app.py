@@ -13,6 +13,7 @@ from .. import __version__
 from ..config import Settings
 from .admission import Admission, AdmissionMiddleware
 from .errors import exception_handlers
+from .observe import ObserveMiddleware, Observer
 from .routes import (
     AdminController,
     BatchesController,
@@ -27,6 +28,7 @@ from .routes import (
     NativeController,
     NerController,
     RerankController,
+    StatusController,
 )
 from .runtime import Runtime, runtime_lifespan
 
@@ -38,6 +40,7 @@ def _provide_runtime(state: State) -> Runtime:
 
 
 def create_app(settings: Settings) -> Litestar:
+    observer = Observer()
     return Litestar(
         route_handlers=[
             ChatController,
@@ -53,11 +56,17 @@ def create_app(settings: Settings) -> Litestar:
             AdminController,
             FilesController,
             BatchesController,
+            StatusController,
         ],
         dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
         lifespan=[runtime_lifespan(settings)],
         # Keys, rate limits and the in-flight bound are checked before a body is read.
-        middleware=[DefineMiddleware(AdmissionMiddleware, admission=Admission(settings))],
+        # Outermost: requests are timed and counted whatever admission says.
+        middleware=[
+            DefineMiddleware(ObserveMiddleware, observer=observer),
+            DefineMiddleware(AdmissionMiddleware, admission=Admission(settings)),
+        ],
+        state=State({"observer": observer}),
         exception_handlers=exception_handlers,
         request_max_body_size=settings.gateway.max_body_bytes,
         openapi_config=OpenAPIConfig(

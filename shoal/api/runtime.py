@@ -64,6 +64,7 @@ from .admission import current_principal, meter_usage
 from .batches.store import BatchStore
 from .files import FileStore
 from .keys import PermissionDeniedError
+from .observe import note_request
 
 __all__ = ["Runtime", "RuntimeDep", "Target", "runtime_lifespan"]
 
@@ -207,12 +208,10 @@ class Runtime:
         request deadline."""
         dispatcher = self.dispatcher
         deadline = time.time() + self.request_timeout
+        request_id = dispatcher.new_request_id()
+        note_request(target.spec.id, request_id)
         env = Envelope(
-            dispatcher.new_request_id(),
-            target.spec.id,
-            dispatcher.reply_subject,
-            deadline,
-            target.adapter,
+            request_id, target.spec.id, dispatcher.reply_subject, deadline, target.adapter
         )
         return build(env)
 
@@ -305,9 +304,11 @@ def runtime_lifespan(settings: Settings):
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         from .batches.runner import BatchRunner
+        from .status import StatusBoard
 
         runtime = await Runtime.open(settings)
         app.state.runtime = runtime
+        app.state.status = StatusBoard(runtime, app.state.observer)
         runner = BatchRunner(runtime, settings.batches) if settings.batches.run_batches else None
         if runner is not None:
             runner.start()

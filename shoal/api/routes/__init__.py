@@ -8,6 +8,7 @@ from .files import FilesController
 from .health import HealthController
 from .models import ModelsController
 from .native import NativeController
+from .status import StatusController
 from .tasks import ClassifyController, MultiVectorController, NerController, RerankController
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "NativeController",
     "NerController",
     "RerankController",
+    "StatusController",
 ]
