@@ -11,6 +11,7 @@ from .batch_cli import add_batch_commands, run_batch_command
 from .config import Settings, load_settings
 from .embed_cli import add_embed_command
 from .keys_cli import add_keys_command, run_keys_command
+from .logs import configure_logging
 
 __all__ = ["main"]
 
@@ -97,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"shoal: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level)
     if exposure:
         level = logging.INFO if settings.auth.keys else logging.WARNING
         logging.getLogger("shoal").log(level, exposure)
