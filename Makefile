@@ -9,9 +9,17 @@ STAMP := $(VENV)/.installed
 # make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
-.PHONY: setup serve test lint clean
+.PHONY: setup serve test lint clean browser
 
 setup: $(STAMP)
+
+# The status page's browser test drives Debian's Chromium (no browser download).
+CHROMIUM := /usr/bin/chromium
+browser: $(CHROMIUM)
+
+$(CHROMIUM):
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +33,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/shoal serve
 
-test: $(STAMP) lint
+test: $(STAMP) browser lint
 	$(BIN)/pytest
 
 lint: $(STAMP)
