@@ -77,7 +77,7 @@ def setup(service: str, settings: TelemetrySettings) -> None:
         resource = Resource.create({"service.name": name, "service.namespace": "shoal"})
         _meter_provider = MeterProvider(
             resource=resource,
-            metric_readers=[PrometheusMetricReader()],
+            metric_readers=[PrometheusMetricReader(scope_info_enabled=False)],
             views=_views(),
         )
         metrics.set_meter_provider(_meter_provider)
