@@ -57,6 +57,10 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
     evictions: int
     batch_max: int
     active: int
+    batches_per_s: float
+    items_per_s: float
+    tokens_per_s: float
+    batch_fill: float
 
     @classmethod
     def of(cls, beat: WorkerHeartbeat) -> WorkerInfo:

@@ -62,6 +62,7 @@ OPERATIONS = [
     ("POST", "/native/v1/multivector"),
     ("POST", "/native/v1/ner"),
     ("GET", "/health"),
+    ("GET", "/status"),
     ("GET", "/ready"),
     ("GET", "/admin/v1/models/{model_id}/adapters"),
     ("POST", "/admin/v1/models/{model_id}/adapters"),
