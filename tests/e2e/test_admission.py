@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.api.keys import hash_key
 from shoal.queue.embedded import EmbeddedNats, free_port
@@ -152,13 +153,31 @@ def test_requests_per_minute_are_limited_with_openai_headers(secured) -> None:
         assert raw.headers["x-ratelimit-reset-requests"]
         remaining.append(int(raw.headers["x-ratelimit-remaining-requests"]))
     assert remaining == [2, 1, 0]
+    counted_before = _rate_limited(base)
     with pytest.raises(openai.RateLimitError) as caught:
         slow.embeddings.create(model=MODEL, input="one too many")
+    # Operators see it: the metric and the status page count it (the count lands as the
+    # response's last byte goes out).
+    wait_until(lambda: _rate_limited(base) == counted_before + 1, 5, None, "the count")
     error = error_of(caught.value)
     assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
     headers = caught.value.response.headers
     assert 1 <= int(headers["retry-after"]) <= 20  # a request refills every 20 s at 3/min
     assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def _rate_limited(base: str) -> float:
+    """What `/metrics` and `/status.json` count as rate-limited requests (public routes)."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    metric = sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "shoal_gateway_rate_limited_total"
+    )
+    status = httpx.get(f"{base}/status.json", timeout=10).json()["totals"]["rate_limited"]
+    assert metric == status
+    return metric
 
 
 def test_tokens_per_minute_count_what_requests_used(secured) -> None:
