@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import load_model, machine, short_texts  # noqa: E402
-from shoal.queue.embedded import EmbeddedNats  # noqa: E402
-from tests.helpers import MODEL, start_gateway, start_worker, wait_ready  # noqa: E402
+from perf.stack import local_stack  # noqa: E402
+from tests.helpers import MODEL  # noqa: E402
 
 
 def batch_file(texts: list[str], per_line: int) -> bytes:
@@ -134,53 +133,43 @@ def main() -> None:
     model.encode(texts[:64], batch_size=64)
     throughput: list[dict] = []
     latency: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
-        nats = EmbeddedNats(tmp_path / "nats").start()
-        worker = start_worker(nats.url, tmp_path)
-        gateway, base = start_gateway(nats.url, tmp_path)
-        try:
-            wait_ready(base, worker)
-            oai = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
-            live_latencies(base, args.rate, 20, texts)  # warm up
-            for round_ in range(args.rounds):
-                started = time.perf_counter()
-                model.encode(texts, batch_size=64)
-                limit_s = time.perf_counter() - started
-                row = {"round": round_, "limit_texts_per_s": round(len(texts) / limit_s, 1)}
-                for per_line in per_lines:
-                    seconds, _ = run_batch(oai, batch_file(texts, per_line))
-                    row[f"shoal_{per_line}_per_line_texts_per_s"] = round(len(texts) / seconds, 1)
-                    row[f"ratio_{per_line}_per_line"] = round(limit_s / seconds, 3)
-                throughput.append(row)
-                print(row, flush=True)
-            busy_texts = short_texts(args.busy_texts, seed=11)
-            for round_ in range(args.rounds):
-                idle = percentiles(live_latencies(base, args.rate, args.live, texts))
-                running = threading.Event()
-                runner = threading.Thread(
-                    target=run_batch,
-                    args=(oai, batch_file(busy_texts, 32)),
-                    kwargs={"started_event": running},
-                )
-                runner.start()
-                running.wait(120)
-                busy = percentiles(live_latencies(base, args.rate, args.live, texts))
-                still_running = runner.is_alive()
-                runner.join(1800)
-                row = {
-                    "round": round_,
-                    "idle": idle,
-                    "batch_running": busy,
-                    "batch_ran_throughout": still_running,
-                    "p50_ratio": round(busy["p50"] / idle["p50"], 2),
-                }
-                latency.append(row)
-                print(row, flush=True)
-        finally:
-            gateway.stop()
-            worker.stop()
-            nats.stop()
+    with local_stack() as base:
+        oai = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
+        live_latencies(base, args.rate, 20, texts)  # warm up
+        for round_ in range(args.rounds):
+            started = time.perf_counter()
+            model.encode(texts, batch_size=64)
+            limit_s = time.perf_counter() - started
+            row = {"round": round_, "limit_texts_per_s": round(len(texts) / limit_s, 1)}
+            for per_line in per_lines:
+                seconds, _ = run_batch(oai, batch_file(texts, per_line))
+                row[f"shoal_{per_line}_per_line_texts_per_s"] = round(len(texts) / seconds, 1)
+                row[f"ratio_{per_line}_per_line"] = round(limit_s / seconds, 3)
+            throughput.append(row)
+            print(row, flush=True)
+        busy_texts = short_texts(args.busy_texts, seed=11)
+        for round_ in range(args.rounds):
+            idle = percentiles(live_latencies(base, args.rate, args.live, texts))
+            running = threading.Event()
+            runner = threading.Thread(
+                target=run_batch,
+                args=(oai, batch_file(busy_texts, 32)),
+                kwargs={"started_event": running},
+            )
+            runner.start()
+            running.wait(120)
+            busy = percentiles(live_latencies(base, args.rate, args.live, texts))
+            still_running = runner.is_alive()
+            runner.join(1800)
+            row = {
+                "round": round_,
+                "idle": idle,
+                "batch_running": busy,
+                "batch_ran_throughout": still_running,
+                "p50_ratio": round(busy["p50"] / idle["p50"], 2),
+            }
+            latency.append(row)
+            print(row, flush=True)
     medians = {
         f"ratio_{p}_per_line": statistics.median(r[f"ratio_{p}_per_line"] for r in throughput)
         for p in per_lines

@@ -21,7 +21,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,9 +29,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perf.stack import local_stack  # noqa: E402
 from shoal.client import Client  # noqa: E402
-from shoal.queue.embedded import EmbeddedNats  # noqa: E402
-from tests.helpers import MODEL, start_gateway, start_worker, wait_ready  # noqa: E402
+from tests.helpers import MODEL  # noqa: E402
 
 WORDS = [
     "model",
@@ -172,25 +171,15 @@ def main() -> None:
     ]
     runs: dict[str, list[float]] = {name: [] for name in names}
 
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
-        nats = EmbeddedNats(tmp_path / "nats").start()
-        worker = start_worker(nats.url, tmp_path)
-        gateway, base = start_gateway(nats.url, tmp_path)
-        try:
-            wait_ready(base, worker)
-            # Interleaved rounds: this kind of VM drifts by 20% within minutes, so each
-            # target is measured in every round and compared by its median.
-            for _ in range(args.rounds):
-                runs[names[0]].append(in_process(model, texts, args.batch))
-                runs[names[1]].append(
-                    asyncio.run(through_openai(base, texts, args.batch, args.concurrency))
-                )
-                runs[names[2]].append(through_native(base, texts, args.batch, args.concurrency))
-        finally:
-            gateway.stop()
-            worker.stop()
-            nats.stop()
+    with local_stack() as base:
+        # Interleaved rounds: this kind of VM drifts by 20% within minutes, so each
+        # target is measured in every round and compared by its median.
+        for _ in range(args.rounds):
+            runs[names[0]].append(in_process(model, texts, args.batch))
+            runs[names[1]].append(
+                asyncio.run(through_openai(base, texts, args.batch, args.concurrency))
+            )
+            runs[names[2]].append(through_native(base, texts, args.batch, args.concurrency))
     rows = {name: statistics.median(seconds) for name, seconds in runs.items()}
     limit_s = rows[names[0]]
 

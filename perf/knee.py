@@ -47,9 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import load_model, machine  # noqa: E402
+from perf.stack import local_stack  # noqa: E402
 from perf.texts import load  # noqa: E402
-from shoal.queue.embedded import EmbeddedNats, free_port  # noqa: E402
-from tests.helpers import MODEL, start_gateway, start_worker, wait_ready, wait_until  # noqa: E402
+from shoal.queue.embedded import free_port  # noqa: E402
+from tests.helpers import MODEL, wait_until  # noqa: E402
 
 WORKLOADS = {
     "embed-short": ("short", 8),
@@ -241,18 +242,8 @@ def shoal_server(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
-        nats = EmbeddedNats(tmp_path / "nats").start()
-        worker = start_worker(nats.url, tmp_path)
-        gateway, base = start_gateway(nats.url, tmp_path)
-        try:
-            wait_ready(base, worker)
-            yield base
-        finally:
-            gateway.stop()
-            worker.stop()
-            nats.stop()
+    with local_stack() as base:
+        yield base
 
 
 @contextlib.contextmanager
