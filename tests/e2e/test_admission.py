@@ -69,6 +69,9 @@ def secured(
         "SHOAL_AUTH__KEYS_FILE": str(keys_file),
         "SHOAL_LOG_LEVEL": "debug",
         "SHOAL_MODELS_FILE": str(task_models),
+        # Its own batches: the stack's gateway on the same NATS would otherwise claim them,
+        # and it cannot read this gateway's uploads (each keeps files in its own data dir).
+        "SHOAL_NATS__BATCHES_BUCKET": "SHOAL_BATCHES_SECURED",
     }
     gateway, base = start_gateway(session_nats.url, data, env)
     try:
