@@ -30,7 +30,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from prometheus_client import REGISTRY, generate_latest, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest, start_http_server
 
 from .config import TelemetrySettings
 
@@ -62,12 +62,11 @@ _lock = threading.Lock()
 _service = ""
 _tracing = False
 _tracer: trace.Tracer = trace.NoOpTracer()
-_meter_provider: MeterProvider | None = None
 
 
 def setup(service: str, settings: TelemetrySettings) -> None:
     """Configure this process once: `service` is `gateway`, `worker` or `generator`."""
-    global _service, _tracing, _tracer, _meter_provider
+    global _service, _tracing, _tracer
     with _lock:
         if _service:
             return
@@ -75,12 +74,13 @@ def setup(service: str, settings: TelemetrySettings) -> None:
         otel = settings.otel
         name = otel.get("OTEL_SERVICE_NAME") or f"shoal-{service}"
         resource = Resource.create({"service.name": name, "service.namespace": "shoal"})
-        _meter_provider = MeterProvider(
-            resource=resource,
-            metric_readers=[PrometheusMetricReader(scope_info_enabled=False)],
-            views=_views(),
+        metrics.set_meter_provider(
+            MeterProvider(
+                resource=resource,
+                metric_readers=[PrometheusMetricReader(scope_info_enabled=False)],
+                views=_views(),
+            )
         )
-        metrics.set_meter_provider(_meter_provider)
         exporter = _span_exporter(otel)
         if exporter is not None:
             provider = TracerProvider(resource=resource)
@@ -186,8 +186,6 @@ def trace_id() -> str:
 
 def metrics_text() -> tuple[bytes, str]:
     """The Prometheus text exposition of this process's metrics, and its content type."""
-    from prometheus_client import CONTENT_TYPE_LATEST
-
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 

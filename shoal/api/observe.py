@@ -168,8 +168,7 @@ class _ErrorBody(msgspec.Struct):
 class Observer:
     """State the middleware instances share (Litestar builds one per route handler)."""
 
-    def __init__(self, gateway_id: str = "") -> None:
-        self.gateway_id = gateway_id
+    def __init__(self) -> None:
         self.started_at = time.time()
         self.stats = RequestStats()
         meter = telemetry.meter("shoal.gateway")

@@ -660,7 +660,7 @@ class EncoderWorker:
             memory_budget=r.budget,
             loads=r.loads,
             evictions=r.evictions,
-            **_rates(self.metrics),
+            **self.metrics.rates(),
         )
         try:
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
@@ -712,16 +712,6 @@ def _record_spans(held: HeldJob, model: str, publish_started: float, ended: floa
             ("shoal.result.publish", publish_started, ended, {}),
         ],
     )
-
-
-def _rates(metrics: WorkerMetrics) -> dict[str, float]:
-    batches, items, tokens, fill = metrics.rates()
-    return {
-        "batches_per_s": batches,
-        "items_per_s": items,
-        "tokens_per_s": tokens,
-        "batch_fill": fill,
-    }
 
 
 def _jobs_of(units: list[Unit]) -> list[HeldJob]:

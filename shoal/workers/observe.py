@@ -20,6 +20,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import Observation
 
 from .. import telemetry
 
@@ -65,19 +66,19 @@ class WorkerMetrics:
         if memory is not None:
             meter.create_observable_gauge(
                 "shoal.worker.resident_memory",
-                callbacks=[lambda _: [_observation(memory()[0])]],
+                callbacks=[lambda _: [Observation(memory()[0])]],
                 unit="By",
                 description="Bytes of models held resident",
             )
             meter.create_observable_counter(
                 "shoal.worker.model_loads",
-                callbacks=[lambda _: [_observation(memory()[1])]],
+                callbacks=[lambda _: [Observation(memory()[1])]],
                 unit="1",
                 description="Models loaded",
             )
             meter.create_observable_counter(
                 "shoal.worker.model_evictions",
-                callbacks=[lambda _: [_observation(memory()[2])]],
+                callbacks=[lambda _: [Observation(memory()[2])]],
                 unit="1",
                 description="Models evicted to make room",
             )
@@ -102,25 +103,19 @@ class WorkerMetrics:
         self.tokens.add(tokens, labels)
         self._recent.append((time.monotonic(), 0, tokens, 0.0))
 
-    def rates(self) -> tuple[float, float, float, float]:
-        """Batches/s, inputs/s, tokens/s and the mean batch fill of the last few seconds."""
+    def rates(self) -> dict[str, float]:
+        """The heartbeat's throughput fields: batches/s, inputs/s, tokens/s and the mean
+        batch fill of the last few seconds."""
         now = time.monotonic()
         while self._recent and self._recent[0][0] < now - _RATE_WINDOW:
             self._recent.popleft()
         batches = [r for r in self._recent if r[1]]
-        fill = sum(r[3] for r in batches) / len(batches) if batches else 0.0
-        return (
-            len(batches) / _RATE_WINDOW,
-            sum(r[1] for r in self._recent) / _RATE_WINDOW,
-            sum(r[2] for r in self._recent) / _RATE_WINDOW,
-            fill,
-        )
-
-
-def _observation(value: int) -> Any:
-    from opentelemetry.metrics import Observation
-
-    return Observation(value)
+        return {
+            "batches_per_s": len(batches) / _RATE_WINDOW,
+            "items_per_s": sum(r[1] for r in self._recent) / _RATE_WINDOW,
+            "tokens_per_s": sum(r[2] for r in self._recent) / _RATE_WINDOW,
+            "batch_fill": sum(r[3] for r in batches) / len(batches) if batches else 0.0,
+        }
 
 
 def job_context(headers: Mapping[str, str] | None) -> Context | None:

@@ -505,7 +505,7 @@ class GenerationWorker:
             resident=sorted(self._models),
             batch_max=max((m.runtime.max_batch for m in self._models.values()), default=0),
             active=sum(m.runtime.running for m in self._models.values()),
-            tokens_per_s=self.metrics.rates()[2],
+            **self.metrics.rates(),  # tokens/s; it runs no encoder batches
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
