@@ -236,3 +236,21 @@ def rounded(value, places: int = 4):
     if isinstance(value, dict):
         return {k: rounded(v, places) for k, v in value.items()}
     return value
+
+
+def metric_samples(url: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a Prometheus `/metrics` page, parsed by prometheus_client."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=10).text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def metric_value(samples: dict, name: str, **labels: str) -> float:
+    """The sum of `name` over the samples whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and wanted <= lab)

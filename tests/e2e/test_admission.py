@@ -16,12 +16,20 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.api.keys import hash_key
 from shoal.queue.embedded import EmbeddedNats, free_port
 from tests.e2e.test_batches import wait_batch
-from tests.helpers import GEN_MODEL, MODEL, ShoalProcess, shoal_env, start_gateway, wait_until
+from tests.helpers import (
+    GEN_MODEL,
+    MODEL,
+    ShoalProcess,
+    metric_samples,
+    metric_value,
+    shoal_env,
+    start_gateway,
+    wait_until,
+)
 from tests.openai_schema import validate
 
 pytestmark = pytest.mark.slow
@@ -171,13 +179,7 @@ def test_requests_per_minute_are_limited_with_openai_headers(secured) -> None:
 
 def _rate_limited(base: str) -> float:
     """What `/metrics` and `/status.json` count as rate-limited requests (public routes)."""
-    text = httpx.get(f"{base}/metrics", timeout=10).text
-    metric = sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "shoal_gateway_rate_limited_total"
-    )
+    metric = metric_value(metric_samples(f"{base}/metrics"), "shoal_gateway_rate_limited_total")
     status = httpx.get(f"{base}/status.json", timeout=10).json()["totals"]["rate_limited"]
     assert metric == status
     return metric

@@ -11,13 +11,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.queue.embedded import EmbeddedNats, free_port
 from tests.helpers import (
     GEN_MODEL,
     MODEL,
     ShoalProcess,
+    metric_samples,
+    metric_value,
     model_ready,
     start_gateway,
     start_worker,
@@ -157,26 +158,11 @@ def test_a_chat_request_traces_first_token_and_decode(observed) -> None:
     assert 1 <= decode.attributes["shoal.completion_tokens"] <= 8
 
 
-def _samples(url: str) -> dict[tuple[str, frozenset], float]:
-    text = httpx.get(url, timeout=10).text
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def _value(samples: dict, name: str, **labels: str) -> float:
-    """The sum of `name` over the samples whose labels include `labels`."""
-    wanted = set(labels.items())
-    return sum(v for (n, lab), v in samples.items() if n == name and wanted <= lab)
-
-
 def test_metrics_count_the_traffic_sent(observed) -> None:
     route = {"route": "/v1/embeddings", "model": MODEL}
     gateway_url = f"{observed.base}/metrics"
-    before = _samples(gateway_url)
-    worker_before = _samples(observed.worker_metrics)
+    before = metric_samples(gateway_url)
+    worker_before = metric_samples(observed.worker_metrics)
     texts = [[f"text {i}-{j}" for j in range(i + 1)] for i in range(5)]  # 15 inputs
     for batch in texts:
         observed.oai.embeddings.create(model=MODEL, input=batch)
@@ -187,28 +173,30 @@ def test_metrics_count_the_traffic_sent(observed) -> None:
     requests = "shoal_gateway_request_duration_seconds_count"  # the histogram counts them
 
     def answered(samples: dict, **labels: str) -> float:
-        return _value(samples, requests, **labels) - _value(before, requests, **labels)
+        return metric_value(samples, requests, **labels) - metric_value(before, requests, **labels)
 
     # The count lands as the response's last byte goes out: wait for it.
     wait_until(
-        lambda: answered(_samples(gateway_url), status="200", **route) == 5,
+        lambda: answered(metric_samples(gateway_url), status="200", **route) == 5,
         10,
         None,
         "the gateway's request count",
     )
-    after = _samples(gateway_url)
+    after = metric_samples(gateway_url)
     assert answered(after, route="/v1/embeddings", model="", status="404") == 2
-    assert _value(after, "shoal_gateway_request_duration_seconds_sum", status="200", **route) > 0
+    assert (
+        metric_value(after, "shoal_gateway_request_duration_seconds_sum", status="200", **route) > 0
+    )
     assert ("shoal_queue_pending", frozenset()) not in after  # labelled by subject
     assert any(n == "shoal_queue_pending" and ("model", MODEL) in lab for n, lab in after)
-    assert _value(after, "shoal_workers_live") == 2
-    assert _value(after, "process_resident_memory_bytes") > 0
+    assert metric_value(after, "shoal_workers_live") == 2
+    assert metric_value(after, "process_resident_memory_bytes") > 0
 
-    worker = _samples(observed.worker_metrics)
+    worker = metric_samples(observed.worker_metrics)
     labels = {"model": MODEL, "op": "embed"}
 
     def grew(name: str) -> float:
-        return _value(worker, name, **labels) - _value(worker_before, name, **labels)
+        return metric_value(worker, name, **labels) - metric_value(worker_before, name, **labels)
 
     assert grew("shoal_worker_inputs_total") == 15
     assert grew("shoal_worker_batch_size_sum") == 15  # every input ran in some batch
@@ -216,21 +204,21 @@ def test_metrics_count_the_traffic_sent(observed) -> None:
     assert 1 <= batches <= 5
     assert grew("shoal_worker_forward_duration_seconds_count") == batches
     assert grew("shoal_worker_tokens_total") >= grew("shoal_worker_inputs_total")
-    assert _value(worker, "shoal_worker_resident_memory_bytes") > 0
-    assert _value(worker, "shoal_worker_model_loads_total") >= 1
+    assert metric_value(worker, "shoal_worker_resident_memory_bytes") > 0
+    assert metric_value(worker, "shoal_worker_model_loads_total") >= 1
 
 
 def test_generation_metrics_time_first_tokens_and_the_gaps_between(observed) -> None:
-    before = _samples(observed.gen_metrics)
+    before = metric_samples(observed.gen_metrics)
     for content in ("Hello", "Name a colour"):
         observed.oai.chat.completions.create(
             model=GEN_MODEL, messages=[{"role": "user", "content": content}], max_tokens=6
         )
-    after = _samples(observed.gen_metrics)
+    after = metric_samples(observed.gen_metrics)
     labels = {"model": GEN_MODEL}
 
     def grew(name: str) -> float:
-        return _value(after, name, **labels) - _value(before, name, **labels)
+        return metric_value(after, name, **labels) - metric_value(before, name, **labels)
 
     assert grew("shoal_generation_time_to_first_token_seconds_count") == 2
     assert grew("shoal_generation_time_to_first_token_seconds_sum") > 0
