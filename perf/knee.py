@@ -249,20 +249,8 @@ def shoal_server(url: str | None) -> Iterator[str]:
 @contextlib.contextmanager
 def naive_server() -> Iterator[str]:
     port = free_port()
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "perf" / "peers" / "naive_server.py"), "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_until(lambda: _healthy(base), 120, None, "the naive server")
-            yield base
-        finally:
-            process.terminate()
-            process.wait(30)
+    script = str(ROOT / "perf" / "peers" / "naive_server.py")
+    yield from _peer([sys.executable, script, "--port", str(port)], port, {}, 120, "naive")
 
 
 @contextlib.contextmanager
@@ -289,16 +277,23 @@ def infinity_server(engine: str) -> Iterator[str]:
         "--url-prefix", "/v1",
         "--no-model-warmup",
     ]  # fmt: skip
+    extra = {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+    yield from _peer(command, port, extra, 300, f"infinity ({engine})")
+
+
+def _peer(command: list[str], port: int, env: dict, timeout: float, what: str) -> Iterator[str]:
+    """Run a peer server on loopback `port` until the caller is done; its log (tail) is
+    the error when it does not come up healthy within `timeout` seconds."""
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"},
+            env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda: _healthy(base), 300, None, f"infinity ({engine})")
+            wait_until(lambda: _healthy(base), timeout, None, what)
             yield base
         except TimeoutError:
             log.seek(0)
