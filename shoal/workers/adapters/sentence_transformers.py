@@ -54,8 +54,7 @@ class SentenceTransformerAdapter(TorchAdapter):
     def load(self, path: str) -> None:
         model = SentenceTransformer(path, device=self.device)
         model.eval()
-        if self.spec.profile.dtype != "float32":
-            model.to(getattr(torch, self.spec.profile.dtype))
+        self._set_precision(model)
         # LoRA adapters go on the transformer module (sentence-transformers 6 keeps it in
         # `.model`; older releases in `.auto_model`).
         first = model[0]
@@ -132,7 +131,7 @@ class SentenceTransformerAdapter(TorchAdapter):
         }
         if self._token_types:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
-        with torch.inference_mode():
+        with self._compute():
             out = self.model(features)
             if op == "embed":
                 return out["sentence_embedding"].float().cpu().numpy()

@@ -53,8 +53,7 @@ class TransformersHeadAdapter(TorchAdapter):
             AutoModelForTokenClassification if token_level else AutoModelForSequenceClassification
         )
         model = auto.from_pretrained(path).to(self.device).eval()
-        if self.spec.profile.dtype != "float32":
-            model.to(getattr(torch, self.spec.profile.dtype))
+        self._set_precision(model)
         limit = getattr(hf_tokenizer, "model_max_length", None) or self.spec.max_length
         self._max_length = min(self.spec.max_length, limit)
         self.tokenizer = FastTokenizer(
@@ -114,7 +113,7 @@ class TransformersHeadAdapter(TorchAdapter):
         }
         if self._token_types:
             features["token_type_ids"] = torch.from_numpy(types).to(self.device)
-        with torch.inference_mode():
+        with self._compute():
             logits = self.model(**features).logits.float().cpu().numpy()
         if op != "ner":
             return logits

@@ -1,0 +1,57 @@
+"""The quality guard for faster precisions: how close a profile's outputs stay to float32.
+
+A profile may serve a model in bf16 (or, later, quantized) only if its vectors stay
+close to the float32 ones: `cosine_vs_float32` runs the same texts through the model in
+both precisions, through the same adapter code the worker runs, and returns the worst and
+the mean cosine similarity of the outputs (embed vectors, or classification logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from ..model_registry import ModelSpec
+from ..queue.messages import EmbedJob
+from .adapters import EncoderAdapter, make_adapter
+
+__all__ = ["QUALITY_FLOOR", "cosine_vs_float32", "embed"]
+
+QUALITY_FLOOR = 0.99
+"""Least cosine similarity to float32 a faster precision must keep on every text."""
+
+
+def embed(adapter: EncoderAdapter, texts: Sequence[str], batch: int = 64) -> np.ndarray:
+    """`texts` through `adapter`'s embed forward, `batch` rows at a time, length-sorted the
+    way the worker batches them; rows back in input order."""
+    job = EmbedJob(
+        request_id="quality",
+        part=0,
+        model=adapter.spec.id,
+        reply_to="",
+        deadline=0,
+        texts=list(texts),
+    )
+    rows = adapter.units(job)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+    out = np.empty((len(rows), adapter.dims), dtype=np.float32)
+    for start in range(0, len(order), batch):
+        chunk = order[start : start + batch]
+        out[chunk] = np.stack(list(adapter.forward("embed", [rows[i] for i in chunk])))
+    return out
+
+
+def cosine_vs_float32(
+    spec: ModelSpec, path: str, texts: Sequence[str], device: str = "cpu"
+) -> tuple[float, float]:
+    """(worst, mean) cosine between `spec`'s profile and float32 on `texts`."""
+    float32 = msgspec.structs.replace(spec.profile, dtype="float32")
+    exact = make_adapter(msgspec.structs.replace(spec, profile=float32), device)
+    fast = make_adapter(spec, device)
+    exact.load(path)
+    fast.load(path)
+    a, b = embed(exact, texts), embed(fast, texts)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(cos.min()), float(cos.mean())
