@@ -1,4 +1,5 @@
-"""`python -m perf knee ...` (the knee finder) and `python -m perf texts` (the text sets)."""
+"""`python -m perf knee ...` (the knee finder), `python -m perf profile ...` (where the
+time goes) and `python -m perf texts` (the text sets)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ def main() -> None:
         from perf.knee import main as knee
 
         knee(sys.argv[2:])
+    elif command == "profile":
+        from perf.profile import main as profile
+
+        profile(sys.argv[2:])
     else:
-        sys.exit("usage: python -m perf knee --help | python -m perf texts")
+        sys.exit("usage: python -m perf knee|profile --help | python -m perf texts")
 
 
 if __name__ == "__main__":

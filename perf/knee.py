@@ -262,8 +262,8 @@ def shoal_server(url: str | None, profile: dict[str, Any]) -> Iterator[str]:
     if url:
         yield url
         return
-    with local_stack(profile) as base:
-        yield base
+    with local_stack(profile) as stack:
+        yield stack.base
 
 
 @contextlib.contextmanager

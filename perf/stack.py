@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,17 @@ from shoal.queue.embedded import EmbeddedNats
 from tests.helpers import MODEL, start_gateway, start_worker, wait_ready
 
 
+@dataclass
+class Stack:
+    base: str
+    """The gateway's URL."""
+    pids: dict[str, int]
+    """Process ids by role (`gateway`, `worker`), for a profiler."""
+
+
 @contextlib.contextmanager
-def local_stack(profile: Mapping[str, Any] | None = None) -> Iterator[str]:
-    """Start everything on loopback in a temporary data dir; yield the gateway's URL.
+def local_stack(profile: Mapping[str, Any] | None = None) -> Iterator[Stack]:
+    """Start everything on loopback in a temporary data dir; yield where it listens.
     `profile` overrides fields of MiniLM's built-in batching profile (through a user
     model spec over the built-in one), e.g. `{"dtype": "bfloat16"}`."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -27,7 +36,7 @@ def local_stack(profile: Mapping[str, Any] | None = None) -> Iterator[str]:
         gateway, base = start_gateway(nats.url, tmp_path, extra=env)
         try:
             wait_ready(base, worker)
-            yield base
+            yield Stack(base, {"gateway": gateway.pid, "worker": worker.pid})
         finally:
             gateway.stop()
             worker.stop()
