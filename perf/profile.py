@@ -31,9 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import machine  # noqa: E402
-from perf.knee import WORKLOADS, Load, _describe, _profile_arg  # noqa: E402
-from perf.stack import local_stack  # noqa: E402
-from perf.texts import load  # noqa: E402
+from perf.knee import Load, _describe, _profile_arg, shoal_stack  # noqa: E402
+from perf.workloads import WORKLOADS  # noqa: E402
 
 RATE_HZ = 100
 """py-spy samples per second per thread."""
@@ -136,23 +135,23 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--profile", type=_profile_arg, default={})
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
-    set_name, per_request = WORKLOADS[args.workload]
+    workload = WORKLOADS[args.workload]()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) / f"profile-{args.workload}-{stamp}"
+    out = Path(args.out) / f"profile-{workload.name}-{stamp}"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with local_stack(args.profile) as stack:
-        load_ = Load(f"{stack.base}/v1/embeddings", load(set_name), per_request)
+    with shoal_stack(args.profile, workload) as stack:
+        load_ = Load(stack.base, workload)
         capacity, step = asyncio.run(_drive(load_, args.load, args.seconds, stack.pids, out))
     info = machine()
     lines = [
         f"# Profile: {args.workload}",
         "",
         f"`python -m perf profile {' '.join(argv)}` on {info['cpu']} ({info['cores']} cores), "
-        f"torch {info['torch']}; MiniLM profile overrides {args.profile or 'none'}.",
+        f"torch {info['torch']}; profile overrides {args.profile or 'none'}.",
         "",
-        f"Probed capacity {capacity * per_request:.1f} texts/s; during the profile: "
-        f"{_describe(step)}. py-spy at {RATE_HZ} Hz, non-blocking, on both processes (its "
-        "own CPU shares the cores).",
+        f"Probed capacity {capacity:.1f} requests/s; during the profile: "
+        f"{_describe(step, workload.unit)}. py-spy at {RATE_HZ} Hz, non-blocking, on both "
+        "processes (its own CPU shares the cores).",
         "",
     ]
     for role in stack.pids:

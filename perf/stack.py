@@ -22,20 +22,27 @@ class Stack:
 
 
 @contextlib.contextmanager
-def local_stack(profile: Mapping[str, Any] | None = None) -> Iterator[Stack]:
-    """Start everything on loopback in a temporary data dir; yield where it listens.
-    `profile` overrides fields of MiniLM's built-in batching profile (through a user
-    model spec over the built-in one), e.g. `{"dtype": "bfloat16"}`."""
+def local_stack(
+    profile: Mapping[str, Any] | None = None,
+    *,
+    model: str = MODEL,
+    kind: str = "encode",
+    spec: Path | None = None,
+) -> Iterator[Stack]:
+    """Start everything on loopback in a temporary data dir, with one worker of `kind`
+    serving `model`; yield where it listens. `spec` is a user model spec (for models
+    beyond the built-in ones); `profile` overrides fields of `model`'s batching profile,
+    e.g. `{"dtype": "bfloat16"}` (both reach the processes as one user spec file)."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        env = {}
-        if profile:
-            env["SHOAL_MODELS_FILE"] = str(_profiled_spec(tmp_path, profile))
+        env = {"SHOAL_WORKER__PINNED": model}  # loaded before /ready says ready
+        if profile or spec:
+            env["SHOAL_MODELS_FILE"] = str(_user_spec(tmp_path, model, profile or {}, spec))
         nats = EmbeddedNats(tmp_path / "nats").start()
-        worker = start_worker(nats.url, tmp_path, extra=env)
+        worker = start_worker(nats.url, tmp_path, models=model, extra=env, kind=kind)
         gateway, base = start_gateway(nats.url, tmp_path, extra=env)
         try:
-            wait_ready(base, worker)
+            wait_ready(base, worker, timeout=300)
             yield Stack(base, {"gateway": gateway.pid, "worker": worker.pid})
         finally:
             gateway.stop()
@@ -43,8 +50,9 @@ def local_stack(profile: Mapping[str, Any] | None = None) -> Iterator[Stack]:
             nats.stop()
 
 
-def _profiled_spec(directory: Path, profile: Mapping[str, Any]) -> Path:
-    """The built-in MiniLM spec with `profile` over its own, as a user spec file."""
+def _user_spec(directory: Path, model: str, profile: Mapping[str, Any], spec: Path | None) -> Path:
+    """`spec`'s models (or the built-in `model` alone) with `profile` over `model`'s own,
+    as one user spec file."""
     import json
 
     import msgspec
@@ -52,15 +60,20 @@ def _profiled_spec(directory: Path, profile: Mapping[str, Any]) -> Path:
     from shoal.model_registry.registry import BUILTIN_SPEC
     from shoal.model_registry.spec import load_catalog
 
-    [spec] = [m for m in load_catalog(BUILTIN_SPEC).models if m.id == MODEL]
-    fields = msgspec.to_builtins(spec)
-    fields["profile"].update(profile)
-    # JSON scalars and arrays of them are valid TOML values; tables get their own header.
-    lines = ["[[models]]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in fields.items() if not isinstance(v, dict)]
-    for name, table in fields.items():
-        if isinstance(table, dict):
-            lines += [f"[models.{name}]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
+    models = load_catalog(spec).models if spec else []
+    if model not in {m.id for m in models}:
+        models += [m for m in load_catalog(BUILTIN_SPEC).models if m.id == model]
+    lines = []
+    for entry in models:
+        fields = msgspec.to_builtins(entry)
+        if entry.id == model:
+            fields["profile"].update(profile)
+        # JSON scalars and arrays of them are valid TOML values; tables get a header.
+        lines += ["[[models]]"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in fields.items() if not isinstance(v, dict)]
+        for name, table in fields.items():
+            if isinstance(table, dict):
+                lines += [f"[models.{name}]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
     path = directory / "models.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
