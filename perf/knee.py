@@ -224,13 +224,18 @@ async def measure_server(
 
 
 async def _cosine_min(client: httpx.AsyncClient, load: Load, reference: np.ndarray) -> float:
-    texts = [t for b in load.workload.bodies for t in b["input"]][: len(reference)]
-    body = {"model": MODEL, "input": texts, "encoding_format": "float"}
+    body = {"model": MODEL, "input": _checked_texts(load.workload), "encoding_format": "float"}
     r = await client.post(load.url, json=body)
     r.raise_for_status()
     got = np.array([row["embedding"] for row in r.json()["data"]], dtype=np.float32)
     norms = np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1)
     return float(((got * reference).sum(1) / norms).min())
+
+
+def _checked_texts(workload: Workload) -> list[str]:
+    """The first `CHECKED` texts an embed workload sends: each target's vectors for them
+    are compared with in-process float32."""
+    return [t for body in workload.bodies for t in body["input"]][:CHECKED]
 
 
 def _describe(step: Step, unit: str) -> str:
@@ -264,13 +269,12 @@ def shoal_stack(profile: dict[str, Any], workload: Workload):
 def llamacpp_server(workload: Workload) -> Iterator[str]:
     """llama-cpp-python's OpenAI server (perf/peers/llamacpp_venv.sh builds its venv) on
     the packaged GGUF itself (Q4_1: llama.cpp runs it quantized, Shoal dequantizes it)."""
-    from shoal.model_registry.registry import BUILTIN_SPEC
+    from shoal.model_registry import ModelRegistry
     from shoal.model_registry.sources import gguf_file
-    from shoal.model_registry.spec import load_catalog
 
     venv = ROOT / "perf" / ".venvs" / "llamacpp"
     subprocess.run([str(ROOT / "perf" / "peers" / "llamacpp_venv.sh")], check=True)
-    [spec] = [m for m in load_catalog(BUILTIN_SPEC).models if m.id == workload.model]
+    spec = ModelRegistry.from_files().resolve(workload.model)
     port = free_port()
     command = [
         str(venv / "bin" / "python"), "-m", "llama_cpp.server",
@@ -517,8 +521,7 @@ def main(argv: list[str]) -> None:
     args.p99_bound = args.p99_bound or workload.p99_bound
     reference = None
     if workload.route == "/v1/embeddings":
-        texts = [t for body in workload.bodies for t in body["input"]][:CHECKED]
-        reference = load_model().encode(texts, normalize_embeddings=True)
+        reference = load_model().encode(_checked_texts(workload), normalize_embeddings=True)
     servers = {
         "shoal": lambda: shoal_server(args.url, args.profile, workload),
         "shoal-bf16": lambda: shoal_server(

@@ -42,7 +42,6 @@ RATE_HZ = 100
 class Profile:
     """Collapsed stacks of one process: `thread;frame;frame ... count` lines."""
 
-    samples: int = 0
     threads: collections.Counter = field(default_factory=collections.Counter)
     own: collections.Counter = field(default_factory=collections.Counter)
     inclusive: collections.Counter = field(default_factory=collections.Counter)
@@ -56,13 +55,16 @@ class Profile:
                 continue
             n = int(count)
             thread, *frames = stack.split(";")
-            profile.samples += n
             profile.threads[_thread_name(thread)] += n
             if frames:
                 profile.own[frames[-1]] += n
             for name in {_function(f) for f in frames}:
                 profile.inclusive[name] += n
         return profile
+
+    @property
+    def samples(self) -> int:
+        return sum(self.threads.values())
 
 
 def _thread_name(frame: str) -> str:

@@ -57,12 +57,12 @@ def _user_spec(directory: Path, model: str, profile: Mapping[str, Any], spec: Pa
 
     import msgspec
 
-    from shoal.model_registry.registry import BUILTIN_SPEC
+    from shoal.model_registry import ModelRegistry
     from shoal.model_registry.spec import load_catalog
 
     models = load_catalog(spec).models if spec else []
     if model not in {m.id for m in models}:
-        models += [m for m in load_catalog(BUILTIN_SPEC).models if m.id == model]
+        models.append(ModelRegistry.from_files().resolve(model))
     lines = []
     for entry in models:
         fields = msgspec.to_builtins(entry)

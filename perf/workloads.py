@@ -174,12 +174,11 @@ def reranker_dir() -> Path:
 def chat_model_dir() -> str:
     """SmolLM2 as safetensors, converted from the packaged GGUF once (as Shoal's worker
     does) under CACHE."""
-    from shoal.model_registry.registry import BUILTIN_SPEC
-    from shoal.model_registry.spec import load_catalog
+    from shoal.model_registry import ModelRegistry
     from shoal.workers.generation.gguf import materialize_gguf
 
-    [spec] = [m for m in load_catalog(BUILTIN_SPEC).models if m.id == GEN_MODEL]
-    return materialize_gguf(spec.source, CACHE / "smollm2")
+    source = ModelRegistry.from_files().resolve(GEN_MODEL).source
+    return materialize_gguf(source, CACHE / "smollm2")
 
 
 WORKLOADS: dict[str, Callable[[], Workload]] = {
