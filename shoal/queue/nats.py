@@ -151,11 +151,26 @@ class JetStreamPuller:
                 await msg.nak()
 
 
+_KEYS_FETCH = 1000
+_KEYS_FETCH_S = 5.0
+_KEYS_CONSUMER_IDLE_S = 30.0
+
+
+def _holds_value(msg: Msg) -> bool:
+    """Whether a key-value message is a value, not a delete, purge or expiry marker."""
+    headers = msg.headers or {}
+    return (
+        headers.get("KV-Operation") not in ("DEL", "PURGE") and "Nats-Marker-Reason" not in headers
+    )
+
+
 class NatsKeyValue:
     """A JetStream key-value bucket as the registry's `KeyValueStore`."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: Any, js: Any, bucket: str) -> None:
         self._kv = kv
+        self._js = js
+        self._bucket = bucket
         self._watch_task: asyncio.Task | None = None
 
     async def put(self, key: str, value: bytes) -> int:
@@ -196,10 +211,46 @@ class NatsKeyValue:
             raise
 
     async def keys(self) -> list[str]:
+        """Every key that holds a value.
+
+        Not nats-py's `KeyValue.keys()`: its watcher can mark "no more keys" before it has
+        counted the entries already in flight, and so answer none while keys exist (seen
+        as an empty files list in CI). A pull consumer of the last message per key reads
+        until each message says nothing is left.
+        """
+        prefix, stream = f"$KV.{self._bucket}.", f"KV_{self._bucket}"
+        sub = await self._js.pull_subscribe(
+            f"{prefix}>",
+            stream=stream,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=api.AckPolicy.NONE,
+                headers_only=True,
+                mem_storage=True,
+                inactive_threshold=_KEYS_CONSUMER_IDLE_S,
+            ),
+        )
+        keys: list[str] = []
+        consumer = ""
         try:
-            return await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
+            info = await sub.consumer_info()
+            consumer, pending = info.name, info.num_pending
+            while pending:
+                for msg in await sub.fetch(min(pending, _KEYS_FETCH), timeout=_KEYS_FETCH_S):
+                    pending = msg.metadata.num_pending
+                    if _holds_value(msg):
+                        keys.append(msg.subject[len(prefix) :])
+        except nats.errors.TimeoutError as exc:
+            raise QueueUnavailableError(f"listing {self._bucket} timed out") from exc
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+            # Unsubscribing leaves the ephemeral consumer on the server until it idles
+            # out, and a burst of listings would reach the server's consumer limit.
+            if consumer:
+                with contextlib.suppress(nats.errors.Error):
+                    await self._js.delete_consumer(stream, consumer)
+        return keys
 
     async def delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
@@ -404,7 +455,7 @@ class Bus:
                 )
             except nats.js.errors.BadRequestError:
                 kv = await self.js.key_value(bucket)  # created meanwhile elsewhere
-        return NatsKeyValue(kv)
+        return NatsKeyValue(kv, self.js, bucket)
 
     async def puller(self, stream: str, consumer: str) -> JetStreamPuller:
         puller = JetStreamPuller(self, stream, consumer)
