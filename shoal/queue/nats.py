@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -33,9 +33,11 @@ __all__ = [
     "JetStreamPuller",
     "NatsDelivery",
     "NatsKeyValue",
+    "wait_jetstream",
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # JetStream API error codes for a stream at its `discard: new` bound.
 _STREAM_FULL_CODES = {10077, 10078, 10047}  # max messages, max bytes, storage exhausted
@@ -149,6 +151,57 @@ class JetStreamPuller:
             msg = self._arrived.get_nowait()
             if not (msg.headers and _STATUS in msg.headers):
                 await msg.nak()
+
+
+async def wait_jetstream(url: str, within: float = 30.0) -> None:
+    """Until JetStream at `url` (comma-separated servers) answers API requests: a new
+    cluster answers only once its nodes have elected a meta leader.
+
+    Raises:
+        TimeoutError: not within `within` seconds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: Exception | None = None
+    while loop.time() < deadline:
+        try:
+            nc = await nats.connect(url.split(","), connect_timeout=2, allow_reconnect=False)
+        except (OSError, nats.errors.Error) as exc:
+            last = exc
+            await asyncio.sleep(0.2)
+            continue
+        try:
+            await nc.jsm().account_info()
+            return
+        except (nats.errors.Error, TimeoutError) as exc:
+            last = exc
+            await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
+    raise TimeoutError(f"JetStream at {url} not ready in {within}s: {last!r}")
+
+
+_PROVISION_S = 90.0
+"""How long creating a stream, consumer or bucket may keep timing out before it fails."""
+
+
+async def _provisioning(what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+    """`call()`, retried while JetStream is not answering in time.
+
+    A cluster that is still electing leaders, or that several processes ask at once to
+    create replicated streams (`shoal serve --nats-nodes 3` on two cores), can time out
+    an admin request it then completes. Every call here is idempotent, so retry it.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _PROVISION_S
+    while True:
+        try:
+            return await call()
+        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+            if loop.time() > deadline:
+                raise
+            log.info("%s: JetStream did not answer (%r); retrying", what, exc)
+            await asyncio.sleep(0.5)
 
 
 _KEYS_FETCH = 1000
@@ -413,6 +466,9 @@ class Bus:
 
     async def ensure_stream(self, config: dict[str, Any]) -> None:
         """Create the stream, or bring an existing one to `config` (what can change)."""
+        await _provisioning(f"stream {config['name']}", lambda: self._ensure_stream(config))
+
+    async def _ensure_stream(self, config: dict[str, Any]) -> None:
         jsm = self.jsm
         cfg = api.StreamConfig(**config)
         try:
@@ -432,10 +488,14 @@ class Bus:
     async def ensure_consumer(self, stream: str, config: dict[str, Any]) -> None:
         """Create the durable consumer or update it to `config`."""
         cfg = api.ConsumerConfig(**config)
-        try:
-            await self.jsm.add_consumer(stream, cfg)
-        except nats.js.errors.BadRequestError as exc:
-            log.warning("consumer %s kept its config: %s", cfg.durable_name, exc.description)
+
+        async def ensure() -> None:
+            try:
+                await self.jsm.add_consumer(stream, cfg)
+            except nats.js.errors.BadRequestError as exc:
+                log.warning("consumer %s kept its config: %s", cfg.durable_name, exc.description)
+
+        await _provisioning(f"consumer {cfg.durable_name}", ensure)
 
     async def stream_state(self, stream: str) -> dict[str, int]:
         info = await self.jsm.stream_info(stream)
@@ -443,19 +503,22 @@ class Bus:
 
     async def key_value(self, bucket: str) -> NatsKeyValue:
         """The bucket, created (file storage, replicas as the work stream) if missing."""
+        kv = await _provisioning(f"bucket {bucket}", lambda: self._key_value(bucket))
+        return NatsKeyValue(kv, self.js, bucket)
+
+    async def _key_value(self, bucket: str) -> Any:
         try:
-            kv = await self.js.key_value(bucket)
+            return await self.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             try:
-                kv = await self.js.create_key_value(
+                return await self.js.create_key_value(
                     bucket=bucket,
                     history=1,
                     storage="file",
                     replicas=self._settings.replicas,
                 )
             except nats.js.errors.BadRequestError:
-                kv = await self.js.key_value(bucket)  # created meanwhile elsewhere
-        return NatsKeyValue(kv, self.js, bucket)
+                return await self.js.key_value(bucket)  # created meanwhile elsewhere
 
     async def puller(self, stream: str, consumer: str) -> JetStreamPuller:
         puller = JetStreamPuller(self, stream, consumer)

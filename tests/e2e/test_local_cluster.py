@@ -1,0 +1,153 @@
+"""`shoal serve --workers 3 --gateways 2 --nats-nodes 3`: a cluster deployment's shape on
+one machine (a 3-node NATS cluster on loopback, two gateways, three encoder workers and a
+generation worker). Traffic goes through both gateways; Ctrl-C takes all of it down."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import psutil
+import pytest
+
+from shoal.queue.embedded import free_port
+from tests.helpers import GEN_MODEL, MODEL
+from tests.nats_cluster import stream_view
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 3
+
+
+def _two_free_ports() -> int:
+    """A port whose next port is free too (the second gateway takes it)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ready_workers(base: str) -> list[dict]:
+    status = httpx.get(f"{base}/status.json", timeout=10).json()
+    return [w for w in status["workers"] if w["state"] == "ready"]
+
+
+def _wait(check, timeout: float, what: str, serve: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert serve.poll() is None, f"shoal serve exited with {serve.returncode}"
+        if check():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(what)
+
+
+def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path: Path) -> None:
+    port = _two_free_ports()
+    bases = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    env.update(SHOAL_DATA_DIR=str(tmp_path / "data"), HF_HUB_OFFLINE="1")
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "serve", "--port", str(port), "--workers",
+         str(WORKERS), "--gateways", "2", "--nats-nodes", "3"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        for base in bases:
+            _wait(lambda b=base: _ready(b), 240, f"{base}/ready", serve)
+        children = psutil.Process(serve.pid).children(recursive=True)
+        commands = [" ".join(c.cmdline()) for c in children]
+        assert sum("nats-server" in c for c in commands) == 3
+        assert sum(" gateway " in c for c in commands) == 2
+        assert sum(" worker " in c and "generate" not in c for c in commands) == WORKERS
+        assert sum("--kind generate" in c for c in commands) == 1
+
+        # Both gateways hear every worker's heartbeat through the cluster.
+        for base in bases:
+            _wait(lambda b=base: len(_ready_workers(b)) >= WORKERS + 1, 240, "workers", serve)
+
+        # Streams and buckets are replicated on all three nodes.
+        settings = json.loads((tmp_path / "data" / "run" / "settings.json").read_bytes())
+        nats_url = settings["nats"]["url"]
+        assert len(nats_url.split(",")) == 3
+        assert asyncio.run(stream_view(nats_url, "SHOAL_WORK")).replicas == 3
+
+        clients = [openai.OpenAI(base_url=f"{b}/v1", api_key="x", max_retries=0) for b in bases]
+        texts = [f"sentence number {i} about the sea" for i in range(64)]
+
+        def embed(i: int) -> np.ndarray:
+            got = clients[i % 2].embeddings.create(model=MODEL, input=texts[i : i + 4])
+            return np.array([d.embedding for d in got.data])
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(embed, range(0, 60)))
+        # The same text gets the same vector whichever gateway and worker served it.
+        for i in range(0, 56):
+            np.testing.assert_allclose(answers[i][1], answers[i + 1][0], atol=1e-5)
+
+        chat = clients[1].chat.completions.create(
+            model=GEN_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert chat.choices[0].message.content
+
+        # A file uploaded through one gateway is a batch on the other, and its result
+        # can be read through either.
+        lines = [
+            {"custom_id": f"c{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": MODEL, "input": texts[i]}}
+            for i in range(20)
+        ]  # fmt: skip
+        data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        uploaded = clients[0].files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+        batch = clients[1].batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        _wait(
+            lambda: clients[0].batches.retrieve(batch.id).status == "completed",
+            120,
+            "batch",
+            serve,
+        )
+        done = clients[1].batches.retrieve(batch.id)
+        out = clients[0].files.content(done.output_file_id).text.splitlines()
+        assert sorted(json.loads(line)["custom_id"] for line in out) == sorted(
+            line["custom_id"] for line in lines
+        )
+
+        serve.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        assert serve.wait(90) == 0
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, f"orphans: {[p.pid for p in alive]}"
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        log.close()
+    assert b"stopped" in (tmp_path / "serve.log").read_bytes()
