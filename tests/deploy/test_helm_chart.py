@@ -1,0 +1,544 @@
+"""The Helm chart in deploy/helm/shoal, rendered by the real `helm` and checked against
+Kubernetes' own schemas.
+
+Built-in kinds are validated strictly (no unknown fields) by `kubernetes-validate`. The two
+custom resources the chart makes are validated with `jsonschema` against their CRDs'
+`openAPIV3Schema`, copied into tests/deploy/schemas/ (Apache-2.0 spec data):
+
+- keda-scaledobject-v1alpha1.json: kedacore/keda, config/crd/bases/keda.sh_scaledobjects.yaml,
+  commit 8b4f083ca8c8c2baf8477e322bd4d16ac4dfa09a (main after v2.20.1), version v1alpha1.
+- prometheus-servicemonitor-v1.json: prometheus-operator/prometheus-operator,
+  example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml, commit
+  6adcebc5076c34f4f55f8f5f7b1e528929373ac7 (operator 0.93.0), version v1.
+
+The NATS chart dependency is vendored in deploy/helm/shoal/charts/ (nats 1.3.16, packaged
+from nats-io/k8s commit 1f8121f), so every render here works offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from shoal.model_registry import ModelRegistry
+from shoal.queue.subjects import Subjects
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "shoal"
+SCHEMAS = Path(__file__).parent / "schemas"
+HELM = Path(sys.executable).parent / "helm"
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
+K8S_VERSIONS = ("1.25", kubernetes_validate.latest_version())
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda-scaledobject-v1alpha1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-servicemonitor-v1.json",
+}
+NO_NATS = ["--set", "nats.enabled=false", "--set", "queue.url=nats://nats.example:4222"]
+HUB_MODELS = ["BAAI/bge-small-en-v1.5", "intfloat/multilingual-e5-large", "org/m_x:v1@main"]
+
+# Options exercised together: a GPU SGLang pool scaling to zero, hub ids with `/` and `.`,
+# existing secrets for keys and S3, the s3 object store, no ServiceMonitor.
+OPTIONS = {
+    "queue": {
+        "url": "nats://n1.example:4222,nats://n2.example:4222",
+        "replicas": 3,
+        "monitoringEndpoint": "nats-headless.queue.svc.cluster.local:8222",
+    },
+    "auth": {"existingSecret": "shoal-keys", "existingSecretKey": "keys.toml"},
+    "objects": {"backend": "s3", "bucket": "shoal-files", "prefix": "prod/"},
+    "s3": {
+        "endpointUrl": "http://minio.storage:9000",
+        "region": "eu-west-1",
+        "existingSecret": "shoal-s3",
+        "accessKeyId": "ignored-with-existing-secret",
+        "secretAccessKey": "ignored-with-existing-secret",
+    },
+    "metrics": {"serviceMonitor": {"enabled": False}},
+    "gateway": {"autoscaling": {"enabled": True, "maxReplicas": 10}},
+    "pools": [
+        {"name": "encoders", "kind": "encode", "models": ["all-MiniLM-L6-v2"]},
+        {
+            "name": "chat",
+            "kind": "generate",
+            "models": ["smollm2-135m-instruct"],
+            "hpa": {"enabled": True},
+        },
+        {
+            "name": "hub",
+            "kind": "encode",
+            "models": HUB_MODELS[:2],
+            "flavor": "cuda",
+            "gpus": 1,
+            "keda": {"enabled": True, "minReplicaCount": 1, "maxReplicaCount": 3},
+        },
+        {
+            "name": "qwen",
+            "kind": "generate",
+            "runtime": "sglang",
+            "models": ["Qwen/Qwen2.5-7B-Instruct", HUB_MODELS[2]],
+            "gpus": 2,
+            "shmSize": "8Gi",
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "keda": {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 2},
+            "hpa": {"enabled": True},  # KEDA is on: no second HPA may appear
+        },
+        {"name": "off", "enabled": False, "models": ["x"]},
+    ],
+}
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(
+    *args: str, values: dict[str, Any] | None = None, tmp_path: Path | None = None
+) -> list[dict]:
+    extra: list[str] = []
+    if values is not None:
+        assert tmp_path is not None
+        path = tmp_path / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        extra = ["-f", str(path)]
+    out = helm("template", "shoal", str(CHART), "--namespace", "ml", *extra, *args)
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def default_values() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def check_builtin(doc: dict) -> None:
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def crd_validator(doc: dict) -> jsonschema.Validator:
+    schema = json.loads((SCHEMAS / CRD_SCHEMAS[doc["apiVersion"], doc["kind"]]).read_text())
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` wherever it lists `properties` and allows
+    nothing else: fields the API server would silently prune (a typo) then fail."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) for k, v in schema.items()}
+    open_ = "additionalProperties" in schema or schema.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in schema and not open_:
+        out["additionalProperties"] = False
+    return out
+
+
+def check_document(doc: dict) -> None:
+    """Validates one rendered document; anything neither built-in nor a known CRD fails."""
+    if (doc["apiVersion"], doc["kind"]) in CRD_SCHEMAS:
+        crd_validator(doc).validate(doc)
+        return
+    try:
+        check_builtin(doc)
+    except kubernetes_validate.SchemaNotFoundError:
+        pytest.fail(f"{doc['apiVersion']} {doc['kind']} is neither built in nor a known CRD")
+
+
+def env_of(container: dict) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def pool_deployments(docs: list[dict]) -> dict[str, dict]:
+    return {
+        d["metadata"]["labels"]["shoal.dev/pool"]: d
+        for d in docs
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    }
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[dict]:
+    return render(*NO_NATS)
+
+
+@pytest.fixture(scope="module")
+def option_docs(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return render(
+        "--set", "nats.enabled=false", values=OPTIONS, tmp_path=tmp_path_factory.mktemp("values")
+    )
+
+
+# -- lint and render ---------------------------------------------------------------------------
+
+
+def test_helm_is_the_pinned_one() -> None:
+    out = helm("version", "--short")
+    assert out.returncode == 0 and out.stdout.startswith("v3."), out
+
+
+@pytest.mark.parametrize("args", [NO_NATS, []], ids=["nats-off", "nats-on"])
+def test_lint_strict(args: list[str]) -> None:
+    out = helm("lint", "--strict", str(CHART), *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("which", ["default_docs", "option_docs"])
+def test_custom_resources_have_no_prunable_fields(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """Beyond the CRDs' own (open) schemas: nothing the chart writes would be pruned."""
+    docs = [
+        d for d in request.getfixturevalue(which) if (d["apiVersion"], d["kind"]) in CRD_SCHEMAS
+    ]
+    assert docs  # ServiceMonitors by default, ScaledObjects in the options
+
+    def check_closed(doc: dict) -> None:
+        validator = crd_validator(doc)
+        strict = closed(validator.schema)
+        strict["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: the server's
+        type(validator)(strict).validate(doc)
+
+    for doc in docs:
+        check_closed(doc)
+    typo = copy.deepcopy(docs[0])
+    typo["spec"]["endpointz" if typo["kind"] == "ServiceMonitor" else "minReplicaCont"] = 1
+    check_document(typo)  # the CRD itself lets it through (and the server would drop it)...
+    with pytest.raises(jsonschema.ValidationError):  # ...the closed schema does not
+        check_closed(typo)
+
+
+@pytest.mark.parametrize("which", ["default_docs", "option_docs"])
+def test_every_document_validates(which: str, request: pytest.FixtureRequest) -> None:
+    docs = request.getfixturevalue(which)
+    assert docs
+    for doc in docs:
+        check_document(doc)
+
+
+def test_nats_on_renders_a_jetstream_cluster() -> None:
+    """The production default: the NATS chart's 3-node JetStream cluster with file storage."""
+    docs = render("--set", "poolDefaults.keda.enabled=true")
+    for doc in docs:
+        check_document(doc)
+    (sts,) = by_kind(docs, "StatefulSet").values()
+    assert sts["spec"]["replicas"] == 3
+    assert sts["spec"]["volumeClaimTemplates"], "JetStream's file store needs a volume"
+    conf = next(d for d in by_kind(docs, "ConfigMap").values() if "nats.conf" in d["data"])
+    text = conf["data"]["nats.conf"]
+    assert '"store_dir": "/data"' in text and '"routes"' in text
+    gateway = by_kind(docs, "Deployment")["shoal-gateway"]
+    env = env_of(gateway["spec"]["template"]["spec"]["containers"][0])
+    assert env["SHOAL_NATS__URL"] == "nats://shoal-nats.ml.svc.cluster.local:4222"
+    assert env["SHOAL_NATS__REPLICAS"] == "3"
+    assert by_kind(docs, "Service")["shoal-nats"]
+    headless = by_kind(docs, "Service")["shoal-nats-headless"]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert {"name": "monitor", "port": 8222}.items() <= headless["spec"]["ports"][-1].items()
+    for obj in by_kind(docs, "ScaledObject").values():
+        for trigger in obj["spec"]["triggers"]:
+            endpoint = trigger["metadata"]["natsServerMonitoringEndpoint"]
+            assert endpoint == "shoal-nats-headless.ml.svc.cluster.local:8222"
+
+
+def test_nats_off_needs_a_queue_url() -> None:
+    out = helm("template", "shoal", str(CHART), "--set", "nats.enabled=false")
+    assert out.returncode != 0 and "queue.url" in out.stderr
+
+
+def test_the_checks_can_fail() -> None:
+    """A misspelled field, a wrong type and an unknown kind are each rejected."""
+    deployment = copy.deepcopy(next(d for d in render(*NO_NATS) if d["kind"] == "Deployment"))
+    check_builtin(deployment)
+    misspelled = copy.deepcopy(deployment)
+    misspelled["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        check_builtin(misspelled)
+    wrong_type = copy.deepcopy(deployment)
+    wrong_type["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        check_builtin(wrong_type)
+    scaled = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "x"},
+        "spec": {"scaleTargetRef": {"name": "x"}, "triggers": [{"metadata": {}}]},
+    }
+    with pytest.raises(jsonschema.ValidationError):  # a trigger without `type`
+        check_document(scaled)
+    scaled["spec"]["triggers"] = [{"type": "nats-jetstream", "metadata": {"lagThreshold": 20}}]
+    with pytest.raises(jsonschema.ValidationError):  # metadata values are strings
+        check_document(scaled)
+    with pytest.raises(pytest.fail.Exception):
+        check_document(
+            {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+        )
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+def test_default_pools_serve_every_model(tmp_path: Path) -> None:
+    values = default_values()
+    spec = tmp_path / "models.toml"
+    spec.write_text(values["modelSpec"]["toml"])
+    registry = ModelRegistry.from_files(spec)
+    kinds: dict[str, set[str]] = {}
+    for pool in values["pools"]:
+        pool = {**values["poolDefaults"], **pool}
+        if pool["enabled"]:
+            for model in pool["models"]:
+                kinds.setdefault(model, set()).add(pool["kind"])
+    assert len(registry) >= 2
+    for model in registry:
+        want = "generate" if "generate" in model.tasks else "encode"
+        assert want in kinds.get(model.id, set()), f"no {want} pool serves {model.id}"
+    for model, served_by in kinds.items():
+        registry.resolve(model)  # a pool naming an unknown model would never be ready
+        assert len(served_by) == 1, model
+
+
+@pytest.mark.parametrize("which", ["default_docs", "option_docs"])
+def test_consumers_match_shoal(which: str, request: pytest.FixtureRequest) -> None:
+    docs = request.getfixturevalue(which)
+    pools = pool_deployments(docs)
+    scaled = by_kind(docs, "ScaledObject")
+    values = OPTIONS if which == "option_docs" else default_values()
+    keda_pools = [p for p in values["pools"] if p.get("keda", {}).get("enabled")]
+    assert len(scaled) == len(keda_pools)
+    for pool in keda_pools:
+        obj = scaled[f"shoal-{pool['name']}"]
+        assert obj["spec"]["scaleTargetRef"]["name"] == pools[pool["name"]]["metadata"]["name"]
+        triggers = obj["spec"]["triggers"]
+        want = {
+            Subjects.consumer(lane, m) for m in pool["models"] for lane in ("interactive", "batch")
+        }
+        assert {t["metadata"]["consumer"] for t in triggers} == want
+        assert len(triggers) == len(want)
+        for t in triggers:
+            assert t["type"] == "nats-jetstream"
+            meta = t["metadata"]
+            assert meta["stream"] == "SHOAL_WORK" and meta["account"] == "$G"
+            assert meta["natsServerMonitoringEndpoint"] == OPTIONS["queue"]["monitoringEndpoint"]
+            assert int(meta["lagThreshold"]) > 0 and int(meta["activationLagThreshold"]) >= 0
+
+
+def test_hub_id_escaping_matches_shoal(tmp_path: Path) -> None:
+    """The chart's model_token covers every character the test ids use."""
+    ids = [*HUB_MODELS, "Qwen/Qwen2.5-7B-Instruct", "a_b", "x:y@z/w.v"]
+    values = {"pools": [{"name": "p", "models": ids, "keda": {"enabled": True}}]}
+    docs = render(
+        *NO_NATS, "--set", "queue.monitoringEndpoint=n:8222", values=values, tmp_path=tmp_path
+    )
+    (obj,) = by_kind(docs, "ScaledObject").values()
+    got = [t["metadata"]["consumer"] for t in obj["spec"]["triggers"]]
+    assert got == [Subjects.consumer(lane, m) for m in ids for lane in ("interactive", "batch")]
+    check_document(obj)
+
+
+def test_unescapable_model_id_fails(tmp_path: Path) -> None:
+    values = {"pools": [{"name": "p", "models": ["a b"], "keda": {"enabled": True}}]}
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump(values))
+    out = helm(
+        "template",
+        "shoal",
+        str(CHART),
+        *NO_NATS,
+        "--set",
+        "queue.monitoringEndpoint=n:8222",
+        "-f",
+        str(tmp_path / "v.yaml"),
+    )
+    assert out.returncode != 0 and "cannot escape" in out.stderr
+
+
+def test_keda_pools_get_no_hpa(option_docs: list[dict]) -> None:
+    hpas = by_kind(option_docs, "HorizontalPodAutoscaler")
+    assert set(hpas) == {"shoal-chat", "shoal-gateway"}  # qwen and hub scale with KEDA
+    pools = pool_deployments(option_docs)
+    assert "replicas" not in pools["qwen"]["spec"] and "replicas" not in pools["chat"]["spec"]
+    assert pools["encoders"]["spec"]["replicas"] == 1
+    assert by_kind(option_docs, "ScaledObject")["shoal-qwen"]["spec"]["minReplicaCount"] == 0
+    assert "off" not in pools
+
+
+def test_scale_to_zero_lets_requests_queue(
+    option_docs: list[dict], default_docs: list[dict]
+) -> None:
+    """With a pool at zero replicas the gateway must queue its requests (else KEDA never
+    sees lag); by default a request for a model without workers is refused at once."""
+    for docs, policy in ((option_docs, "queue"), (default_docs, "reject")):
+        gateway = by_kind(docs, "Deployment")["shoal-gateway"]["spec"]["template"]["spec"]
+        assert env_of(gateway["containers"][0])["SHOAL_GATEWAY__NO_WORKER_POLICY"] == policy
+        assert gateway["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/ready"
+
+
+def test_models_file_mounted_everywhere(default_docs: list[dict]) -> None:
+    (cm,) = by_kind(default_docs, "ConfigMap").values()
+    assert "models.toml" in cm["data"]
+    for dep in by_kind(default_docs, "Deployment").values():
+        spec = dep["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        assert env_of(c)["SHOAL_MODELS_FILE"] == "/etc/shoal/models/models.toml"
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/shoal/models")
+        vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert vol["configMap"]["name"] == cm["metadata"]["name"]
+
+
+def test_worker_deployments(option_docs: list[dict]) -> None:
+    pools = pool_deployments(option_docs)
+    assert set(pools) == {"encoders", "chat", "hub", "qwen"}
+    for p in OPTIONS["pools"]:
+        if p.get("enabled", True) is False:
+            continue
+        spec = pools[p["name"]]["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        env, models = env_of(c), ",".join(p["models"])
+        kind = p["kind"]
+        assert c["args"][:5] == ["worker", "--kind", kind, "--models", models]
+        key = "SHOAL_GENERATOR__MODELS" if kind == "generate" else "SHOAL_WORKER__MODELS"
+        assert env[key] == models
+        gpus = p.get("gpus", 0)
+        limits = c["resources"].get("limits", {})
+        if gpus:
+            assert (
+                limits["nvidia.com/gpu"] == gpus
+                and c["resources"]["requests"]["nvidia.com/gpu"] == gpus
+            )
+            assert c["args"][5:7] == ["--device", "cuda"]
+        else:
+            assert "nvidia.com/gpu" not in limits
+            assert c["args"][5:7] == ["--device", "cpu"]
+        assert env["SHOAL_TELEMETRY__METRICS_PORT"] == "9090"
+        assert (
+            env["SHOAL_NATS__URL"] == OPTIONS["queue"]["url"] and env["SHOAL_NATS__REPLICAS"] == "3"
+        )
+    images = {
+        name: d["spec"]["template"]["spec"]["containers"][0]["image"] for name, d in pools.items()
+    }
+    assert images == {
+        "encoders": "ghcr.io/shoal/shoal-encoder:0.1.0-cpu",
+        "chat": "ghcr.io/shoal/shoal-encoder:0.1.0-cpu",
+        "hub": "ghcr.io/shoal/shoal-encoder:0.1.0-cuda",
+        "qwen": "ghcr.io/shoal/shoal-generator-sglang:0.1.0",
+    }
+    qwen = pools["qwen"]["spec"]["template"]["spec"]
+    assert qwen["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert qwen["tolerations"][0]["key"] == "nvidia.com/gpu"
+    shm = next(v for v in qwen["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+
+
+@pytest.mark.parametrize("which", ["default_docs", "option_docs"])
+def test_gateway_and_security(which: str, request: pytest.FixtureRequest) -> None:
+    docs = request.getfixturevalue(which)
+    gateway = by_kind(docs, "Deployment")["shoal-gateway"]["spec"]["template"]["spec"]
+    (c,) = gateway["containers"]
+    assert not any("gpu" in k for part in c["resources"].values() for k in part)
+    env = env_of(c)
+    assert env["SHOAL_GATEWAY__HOST"] == "0.0.0.0" and env["SHOAL_GATEWAY__PORT"] == "8000"
+    assert c["args"] == ["gateway"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert by_kind(docs, "Service")["shoal-gateway"]["spec"]["ports"][0]["targetPort"] == "http"
+    assert "shoal-gateway" in by_kind(docs, "PodDisruptionBudget")
+    for dep in by_kind(docs, "Deployment").values():
+        pod = dep["spec"]["template"]["spec"]
+        assert (
+            pod["securityContext"]["runAsNonRoot"] is True
+            and pod["securityContext"]["runAsUser"] > 0
+        )
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+            assert container["resources"]["requests"] and container["resources"]["limits"]
+            assert "livenessProbe" in container and "readinessProbe" in container
+    pdbs = by_kind(docs, "PodDisruptionBudget")
+    assert all(f"shoal-{pool}" in pdbs for pool in pool_deployments(docs))
+
+
+def test_default_monitoring(default_docs: list[dict]) -> None:
+    monitors = by_kind(default_docs, "ServiceMonitor")
+    assert monitors["shoal-gateway"]["spec"]["endpoints"] == [
+        {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
+    assert monitors["shoal-workers"]["spec"]["endpoints"][0]["port"] == "metrics"
+    services = by_kind(default_docs, "Service")
+    assert services["shoal-encoders-metrics"]["spec"]["clusterIP"] == "None"
+
+
+def test_gateways_scale_out_only_with_a_shared_object_store(
+    default_docs: list[dict], option_docs: list[dict], tmp_path: Path
+) -> None:
+    # `local` keeps uploaded files on one gateway pod's disk: one gateway, no HPA.
+    assert by_kind(default_docs, "Deployment")["shoal-gateway"]["spec"]["replicas"] == 1
+    assert "shoal-gateway" not in by_kind(default_docs, "HorizontalPodAutoscaler")
+    # With S3 the HPA scales the gateways.
+    hpa = by_kind(option_docs, "HorizontalPodAutoscaler")["shoal-gateway"]
+    assert hpa["spec"]["maxReplicas"] == 10
+    for gateway in ({"replicas": 2}, {"autoscaling": {"enabled": True}}):
+        path = tmp_path / "local.yaml"
+        path.write_text(yaml.safe_dump({"gateway": gateway}))
+        out = helm("template", "shoal", str(CHART), *NO_NATS, "-f", str(path))
+        assert out.returncode != 0 and "objects.backend: s3" in out.stderr
+
+
+def test_existing_secrets_are_referenced_not_inlined(option_docs: list[dict]) -> None:
+    assert by_kind(option_docs, "Secret") == {}
+    assert by_kind(option_docs, "ServiceMonitor") == {}
+    text = yaml.safe_dump_all(option_docs)
+    assert "ignored-with-existing-secret" not in text
+    assert base64.b64encode(b"ignored-with-existing-secret").decode() not in text
+    for dep in by_kind(option_docs, "Deployment").values():
+        pod = dep["spec"]["template"]["spec"]
+        env = env_of(pod["containers"][0])
+        assert env["SHOAL_S3__ACCESS_KEY_ID"] == {
+            "secretKeyRef": {"name": "shoal-s3", "key": "access-key-id"}
+        }
+        assert env["SHOAL_S3__SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "shoal-s3"
+        assert (
+            env["SHOAL_OBJECTS__BACKEND"] == "s3" and env["SHOAL_OBJECTS__BUCKET"] == "shoal-files"
+        )
+        assert env["SHOAL_S3__ENDPOINT_URL"] == "http://minio.storage:9000"
+    gateway = by_kind(option_docs, "Deployment")["shoal-gateway"]["spec"]["template"]["spec"]
+    assert env_of(gateway["containers"][0])["SHOAL_AUTH__KEYS_FILE"] == "/etc/shoal/auth/keys.toml"
+    auth = next(v for v in gateway["volumes"] if v["name"] == "auth")
+    assert auth["secret"]["secretName"] == "shoal-keys"
+
+
+def test_chart_made_secrets(tmp_path: Path) -> None:
+    key = {
+        "name": "team-a",
+        "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    }
+    values = {"auth": {"keys": [key]}, "s3": {"accessKeyId": "AKIA1", "secretAccessKey": "s3cret"}}
+    docs = render(*NO_NATS, values=values, tmp_path=tmp_path)
+    for doc in docs:
+        check_document(doc)
+    secrets = by_kind(docs, "Secret")
+    assert json.loads(base64.b64decode(secrets["shoal-auth"]["data"]["keys.json"])) == [key]
+    assert base64.b64decode(secrets["shoal-s3"]["data"]["secret-access-key"]) == b"s3cret"
+    assert "s3cret" not in yaml.safe_dump_all([d for d in docs if d["kind"] != "Secret"])
+    gateway = by_kind(docs, "Deployment")["shoal-gateway"]["spec"]["template"]["spec"]
+    assert env_of(gateway["containers"][0])["SHOAL_AUTH__KEYS_FILE"] == "/etc/shoal/auth/keys.json"
+    workers = pool_deployments(docs)["encoders"]["spec"]["template"]["spec"]
+    assert not any(v["name"] == "auth" for v in workers["volumes"])  # only gateways read keys
