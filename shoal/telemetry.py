@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
@@ -30,7 +31,8 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from .config import TelemetrySettings
 
@@ -189,7 +191,27 @@ def metrics_text() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 
-def serve_metrics(host: str, port: int) -> int:
-    """Serve `/metrics` on its own small HTTP port (workers); returns the port bound."""
-    server, _ = start_http_server(port, addr=host)
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes and scrapes every few seconds are not worth a log line each."""
+
+
+def serve_metrics(host: str, port: int, ready: Callable[[], bool] = lambda: True) -> int:
+    """Serve `/metrics` on its own small HTTP port (workers), with `/health` (200 while
+    the process runs) and `/ready` (200 once `ready()`, else 503) for orchestrators'
+    probes. Returns the port bound."""
+    metrics_app = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path not in ("/health", "/ready"):
+            return metrics_app(environ, start_response)
+        ok = path == "/health" or ready()
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
+        )
+        return [b"ok\n" if ok else b"not ready\n"]
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server.server_address[1]

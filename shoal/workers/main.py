@@ -50,9 +50,12 @@ async def serve_worker(
     """Run one worker of class `worker` (encoder or generation) until SIGINT/SIGTERM."""
     telemetry.setup(service, settings.telemetry)
     t = settings.telemetry
+    running: list[Any] = []  # the worker, once made: /ready answers 200 when it is ready
     if t.metrics_port:
-        port = telemetry.serve_metrics(t.metrics_host, t.metrics_port)
-        log.info("metrics on http://%s:%d/metrics", t.metrics_host, port)
+        port = telemetry.serve_metrics(
+            t.metrics_host, t.metrics_port, ready=lambda: any(w.state == "ready" for w in running)
+        )
+        log.info("metrics on http://%s:%d/metrics (probes: /health, /ready)", t.metrics_host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -61,7 +64,8 @@ async def serve_worker(
     try:
         registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
         await registry.start()
-        await worker(settings, bus, registry).run(stop)
+        running.append(worker(settings, bus, registry))
+        await running[0].run(stop)
     finally:
         await bus.close()
         telemetry.shutdown()

@@ -472,6 +472,10 @@ def test_gateway_and_security(which: str, request: pytest.FixtureRequest) -> Non
             assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
             assert container["resources"]["requests"] and container["resources"]["limits"]
             assert "livenessProbe" in container and "readinessProbe" in container
+            if dep["metadata"]["labels"].get("app.kubernetes.io/component") == "worker":
+                # What the worker's metrics port answers (tests/e2e/test_observability.py).
+                assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+                assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     pdbs = by_kind(docs, "PodDisruptionBudget")
     assert all(f"shoal-{pool}" in pdbs for pool in pool_deployments(docs))
 

@@ -88,6 +88,13 @@ def observed(
         nats.stop()
 
 
+def test_ready_workers_answer_their_probes(observed: Observed) -> None:
+    for metrics in (observed.worker_metrics, observed.gen_metrics):
+        base = metrics.removesuffix("/metrics")
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{base}/ready", timeout=10).status_code == 200
+
+
 def _trace_of(receiver: OtlpReceiver, request_id: str, names: set[str]) -> list[ReceivedSpan]:
     """The spans of the trace whose gateway span names `request_id`, once `names` are in."""
     deadline = time.monotonic() + 30

@@ -71,3 +71,19 @@ def test_log_lines_are_json_with_the_request_id_and_no_surprises() -> None:
         record.exc_info = sys.exc_info()
     assert "ValueError: boom" in json.loads(formatter.format(record))["exception"]
     assert "request_id" not in json.loads(formatter.format(record))
+
+
+def test_the_metrics_port_answers_probes_from_the_ready_callable() -> None:
+    import httpx
+
+    from shoal.telemetry import serve_metrics
+
+    ready = [False]
+    port = serve_metrics("127.0.0.1", 0, ready=lambda: ready[0])
+    base = f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{base}/health").status_code == 200
+    assert httpx.get(f"{base}/ready").status_code == 503
+    ready[0] = True
+    assert httpx.get(f"{base}/ready").status_code == 200
+    metrics = httpx.get(f"{base}/metrics")
+    assert metrics.status_code == 200 and "# TYPE" in metrics.text
