@@ -312,11 +312,18 @@ class NatsKeyValue:
     async def watch(self, on_change: Callable[[str, bytes | None], None]) -> None:
         """Call `on_change(key, value)` for every current entry, return, then keep calling
         it for every change (`None` for a deletion) until `close()`."""
+        # The current entries end at the stream's last message (the last of its key, so
+        # it is delivered). nats-py's own end-of-current-entries marker can come before
+        # entries already in flight, as in `keys()`: it is not waited for.
+        state = (await self._js.stream_info(f"KV_{self._bucket}")).state
+        last = state.last_seq if state.messages else 0
         watcher = await self._kv.watchall()
-        first = await watcher.updates(timeout=30.0)
-        while first is not None:
-            _deliver(first, on_change)
-            first = await watcher.updates(timeout=30.0)
+        while last:
+            entry = await watcher.updates(timeout=30.0)
+            if entry is not None:
+                _deliver(entry, on_change)
+                if entry.revision >= last:
+                    break
 
         async def follow() -> None:
             async for entry in watcher:
