@@ -5,6 +5,10 @@ key-value bucket (`KeyValueStore`), so they survive restarts and every process s
 same set: each one watches the bucket and applies changes as they come, and listeners
 (workers) react to them without a restart. Spec-file models are fixed for the process's
 life; registrations cannot replace or remove them.
+
+Profile overrides (`set_profile`) replace the batching profile of any model, spec-file
+ones included, in every process: `shoal tune` applies candidate profiles to running
+workers this way and makes the winner live. Clearing one restores the spec's own profile.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import msgspec
 
 from ..queue.subjects import model_token
 from .registry import ModelRegistry, UnknownModelError
-from .spec import AdapterSpec, ModelSpec
+from .spec import AdapterSpec, BatchProfile, ModelSpec
 
 __all__ = [
     "KeyValueStore",
@@ -30,9 +34,20 @@ log = logging.getLogger(__name__)
 
 _MODEL = "model."
 _ADAPTER = "adapter."
+_PROFILE = "profile."
 _encode = msgspec.msgpack.Encoder().encode
 _decode_model = msgspec.msgpack.Decoder(ModelSpec).decode
 _decode_adapter = msgspec.msgpack.Decoder(AdapterSpec).decode
+
+
+class _ProfileOverride(msgspec.Struct, kw_only=True):
+    """The value stored under `profile.<model token>`."""
+
+    model: str
+    profile: BatchProfile
+
+
+_decode_override = msgspec.msgpack.Decoder(_ProfileOverride).decode
 
 
 class KeyValueStore(Protocol):
@@ -66,8 +81,11 @@ class LiveRegistry:
         self._store = store
         self._models: dict[str, ModelSpec] = {}
         self._adapters: dict[tuple[str, str], AdapterSpec] = {}
-        self._names = ModelRegistry(list(static))
+        self._profiles: dict[str, BatchProfile] = {}
+        """Overrides by model id; kept for ids not (yet) served, so a registration that
+        arrives after its override still gets it."""
         self._listeners: list[Callable[[], None]] = []
+        self._rebuild()
 
     async def start(self) -> None:
         if self._store is not None:
@@ -136,6 +154,8 @@ class LiveRegistry:
         for adapter in self.adapters(model_id):
             await store.delete(_adapter_key(model_id, adapter.name))
             self._adapters.pop((model_id, adapter.name), None)
+        await store.delete(_PROFILE + model_token(model_id))
+        self._profiles.pop(model_id, None)
         await store.delete(_MODEL + model_token(model_id))
         self._drop_model(model_id)
 
@@ -157,6 +177,26 @@ class LiveRegistry:
         await self._store_or_fail().delete(_adapter_key(base, name))
         self._adapters.pop((base, name), None)
 
+    async def set_profile(self, model_id: str, profile: BatchProfile) -> None:
+        """Serve `model_id` (an id or alias) with `profile` instead of its spec's, in every
+        process on the store, until `clear_profile`.
+
+        Raises: UnknownModelError, RegistryConflictError (no store).
+        """
+        model_id = self.resolve(model_id).id
+        override = _ProfileOverride(model=model_id, profile=profile)
+        await self._store_or_fail().put(_PROFILE + model_token(model_id), _encode(override))
+        self._put_profile(override)
+
+    async def clear_profile(self, model_id: str) -> None:
+        """Serve `model_id` with its spec's own profile again.
+
+        Raises: UnknownModelError, RegistryConflictError (no store).
+        """
+        key = _PROFILE + model_token(self.resolve(model_id).id)
+        await self._store_or_fail().delete(key)
+        self._drop_profile(key)
+
     # Applying the watch --------------------------------------------------------------------
 
     def _put_model(self, spec: ModelSpec) -> None:
@@ -170,8 +210,24 @@ class LiveRegistry:
         if self._models.pop(model_id, None) is not None:
             self._rebuild()
 
+    def _put_profile(self, override: _ProfileOverride) -> None:
+        self._profiles[override.model] = override.profile
+        self._rebuild()
+
+    def _drop_profile(self, key: str) -> None:
+        gone = [m for m in self._profiles if _PROFILE + model_token(m) == key]
+        for model_id in gone:
+            del self._profiles[model_id]
+        if gone:
+            self._rebuild()
+
     def _rebuild(self) -> None:
-        self._names = ModelRegistry([*self._static, *self._models.values()])
+        specs = [*self._static, *self._models.values()]
+        profiles = self._profiles
+        self._names = ModelRegistry(
+            msgspec.structs.replace(s, profile=profiles[s.id]) if s.id in profiles else s
+            for s in specs
+        )
 
     def _apply(self, key: str, value: bytes | None) -> None:
         if key.startswith(_MODEL):
@@ -189,5 +245,10 @@ class LiveRegistry:
             else:
                 adapter = _decode_adapter(value)
                 self._adapters[(adapter.base, adapter.name)] = adapter
+        elif key.startswith(_PROFILE):
+            if value is None:
+                self._drop_profile(key)
+            else:
+                self._put_profile(_decode_override(value))
         for listener in self._listeners:
             listener()

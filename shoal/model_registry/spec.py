@@ -70,6 +70,9 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     runs under autocast where the CPU has native bf16 (AVX512-BF16, AMX), about 2x
     float32 for MiniLM with cosine >= 0.9999 to it; elsewhere, and for `float16`, a CPU
     serves float32 (emulated half precision is slower)."""
+    threads: Size = 0
+    """Intra-op threads for this model's forward passes; 0: the worker's setting
+    (`worker.threads`, else torch's default)."""
 
 
 class MultiVectorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

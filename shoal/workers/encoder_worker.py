@@ -12,7 +12,8 @@ Tasks, all on one event loop:
 - models load on their first item (`Loader`, on a loader thread, so serving the resident
   models goes on) and are evicted least recently used to stay within the memory budget;
 - a reconcile task follows the shared registry: models registered at run time are served
-  (when this worker serves `*`) and removed ones dropped, without a restart;
+  (when this worker serves `*`) and removed ones dropped, and changed batching profiles
+  apply to the running lanes, without a restart;
 - a keepalive task sends `in_progress` for items held a while, so a long queue inside the
   worker is not mistaken for a dead worker;
 - a heartbeat task tells gateways what this worker serves and holds.
@@ -47,6 +48,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgspec
 import torch
 
 from .. import telemetry
@@ -124,8 +126,6 @@ class EncoderWorker:
         self._cancelled = CancelledRequests(settings.gateway.request_timeout + 60)
         self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
         self._full_threads = torch.get_num_threads()
-        # Batch-lane forwards leave half the cores to the live path while it is busy.
-        self._yield_threads = max(1, self._full_threads // 2)
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
         device = settings.worker.device
         budget = settings.worker.memory_budget or int(0.7 * available_memory(_device(device)))
@@ -225,10 +225,19 @@ class EncoderWorker:
             await self._reconcile()
 
     async def _reconcile(self) -> None:
-        """Serve every registry model this worker should; drop removed or changed ones."""
+        """Serve every registry model this worker should; drop removed or changed ones,
+        except that a changed profile applies to the running lane."""
         wanted = {spec.id: spec for spec in self.registry if self.serves(spec)}
         for model, lane in list(self._lanes.items()):
-            if wanted.get(model) != lane.spec:
+            spec = wanted.get(model)
+            if spec == lane.spec:
+                continue
+            if (
+                spec is not None
+                and msgspec.structs.replace(spec, profile=lane.spec.profile) == lane.spec
+            ):
+                self._use_profile(lane, spec)
+            else:
                 await self._drop_lane(lane)
         for model, spec in wanted.items():
             if model not in self._lanes:
@@ -236,6 +245,18 @@ class EncoderWorker:
         for lane in self._lanes.values():
             if lane.state == "resident":
                 await self.loader.forget_removed_loras(lane)
+
+    def _use_profile(self, lane: Lane, spec: ModelSpec) -> None:
+        old = lane.spec.profile
+        lane.use_profile(spec)
+        log.info("profile of %s now %r", lane.model, spec.profile)
+        if spec.profile.dtype != old.dtype and lane.state in ("loading", "resident"):
+            log.info(
+                "dtype %s of %s takes effect when the model is next loaded",
+                spec.profile.dtype,
+                lane.model,
+            )
+        self._signal()
 
     async def _add_lane(self, spec: ModelSpec) -> None:
         w = self.settings.worker
@@ -271,10 +292,10 @@ class EncoderWorker:
     async def _pull(self, lane: Lane) -> None:
         assert lane.source is not None
         max_held = self.settings.worker.max_held_jobs
-        # Enough pending inputs for the batcher to group by length (see batcher.py).
-        queued_limit = _POOL_BATCHES * lane.spec.profile.max_batch_items
         while not self._stopping:
             free = max_held - len(self._held)
+            # Enough pending inputs for the batcher to group by length (see batcher.py).
+            queued_limit = _POOL_BATCHES * lane.spec.profile.max_batch_items
             # Only live work counts here: batch-lane work never keeps live work unpulled.
             if free <= 0 or lane.interactive_queued >= queued_limit:
                 self._room.clear()
@@ -423,11 +444,13 @@ class EncoderWorker:
             lane, key = due
             batcher = lane.batchers[key]
             await self._drop_expired(batcher)
-            share, threads = 1.0, self._full_threads
+            threads = lane.spec.profile.threads or self._full_threads
+            share = 1.0
             if key[2]:
                 live = self._live_traffic_about()
                 share = self._batch_slice_share(lane, batcher, 1 if live else _IDLE_SLICES)
-                threads = self._yield_threads if live else self._full_threads
+                if live:  # leave half the cores to the live path while it is busy
+                    threads = max(1, threads // 2)
             await self._run_batch(lane, key[0], key[1], batcher.take(share), threads)
 
     def _next_due(self) -> tuple[tuple[Lane, BatcherKey] | None, float | None]:

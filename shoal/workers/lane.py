@@ -54,6 +54,14 @@ class Lane:
     def model(self) -> str:
         return self.spec.id
 
+    def use_profile(self, spec: ModelSpec) -> None:
+        """Serve `spec`, the current spec with another batching profile: the batchers
+        take it at once; its `dtype` applies when the model is next loaded."""
+        self.spec = spec
+        self.adapter.spec = spec
+        for batcher in self.batchers.values():
+            batcher.profile = spec.profile
+
     def batcher(self, op: str, lora: str, batch_lane: bool = False) -> Batcher[Unit]:
         key = (op, lora, batch_lane)
         batcher = self.batchers.get(key)
