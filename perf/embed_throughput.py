@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from perf.stack import local_stack  # noqa: E402
 from shoal.client import Client  # noqa: E402
+from shoal.tune.machine import machine  # noqa: E402 (re-exported to the other benchmarks)
 from tests.helpers import MODEL  # noqa: E402
 
 WORDS = [
@@ -77,27 +77,6 @@ def short_texts(n: int, seed: int = 7) -> list[str]:
     """Query-like texts of 8-24 words (about 10-30 tokens), seeded."""
     rng = random.Random(seed)
     return [" ".join(rng.choices(WORDS, k=rng.randint(8, 24))) for _ in range(n)]
-
-
-def machine() -> dict:
-    import torch
-
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
 
 
 def load_model():

@@ -55,31 +55,12 @@ from perf.embed_throughput import load_model, machine  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
 from perf.workloads import WORKLOADS, Workload, reranker_dir, task_models_spec  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
+from shoal.tune.knee import REQUEST_TIMEOUT, Load, Step, describe, find_knee  # noqa: E402
 from tests.helpers import GEN_MODEL, MODEL, wait_until  # noqa: E402
 
 FRACTIONS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
 """Offered load per step, as a share of the probed capacity."""
-KEEPS_UP = 0.9
-REQUEST_TIMEOUT = 30.0
 CHECKED = 32
-MAX_OUTSTANDING = 4096
-"""Requests in flight at most; past it a scheduled request counts as refused (bounded)."""
-
-
-@dataclass
-class Step:
-    offered_rps: float
-    offered_tps: float
-    """Units (texts, documents, tokens) per second offered."""
-    achieved_tps: float = 0.0
-    achieved_rps: float = 0.0
-    sent: int = 0
-    ok: int = 0
-    units: int = 0
-    errors: int = 0
-    p50_ms: float | None = None
-    p90_ms: float | None = None
-    p99_ms: float | None = None
 
 
 @dataclass
@@ -95,137 +76,38 @@ class TargetResult:
     note: str = ""
 
 
-def _percentile(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
-
-
-class Load:
-    """The workload's requests, in turn, to `base`."""
-
-    def __init__(self, base: str, workload: Workload) -> None:
-        self.url = base + workload.route
-        self.workload = workload
-        self.per_request = workload.per_request
-        self.cursor = 0
-
-    def body(self) -> dict:
-        self.cursor = (self.cursor + 1) % len(self.workload.bodies)
-        return self.workload.bodies[self.cursor]
-
-    async def one(self, client: httpx.AsyncClient) -> tuple[int, float]:
-        """(units the answer carries, 0 on any error; seconds it took)."""
-        started = time.perf_counter()
-        try:
-            r = await client.post(self.url, json=self.body())
-            units = self.workload.count(r.json()) if r.status_code == 200 else 0
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            units = 0
-        return units, time.perf_counter() - started
-
-    async def probe(self, client: httpx.AsyncClient, seconds: float, concurrency: int) -> float:
-        """Closed loop: requests/s answered with `concurrency` in flight."""
-        done = 0
-        deadline = time.perf_counter() + seconds
-
-        async def loop() -> None:
-            nonlocal done
-            while time.perf_counter() < deadline:
-                units, _ = await self.one(client)
-                done += units > 0
-
-        started = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-        return done / (time.perf_counter() - started)
-
-    async def step(self, client: httpx.AsyncClient, rps: float, seconds: float) -> Step:
-        """Open loop at `rps` for `seconds`; waits for the stragglers (bounded)."""
-        step = Step(offered_rps=rps, offered_tps=rps * self.per_request)
-        latencies: list[float] = []
-        tasks: set[asyncio.Task] = set()
-        started = time.perf_counter()
-        last_done = started
-
-        def finished(task: asyncio.Task) -> None:
-            nonlocal last_done
-            tasks.discard(task)
-            units, seconds_taken = task.result()
-            last_done = time.perf_counter()
-            if units:
-                step.ok += 1
-                step.units += units
-                latencies.append(seconds_taken)
-            else:
-                step.errors += 1
-
-        count = max(1, round(rps * seconds))
-        for i in range(count):
-            delay = started + i / rps - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            step.sent += 1
-            if len(tasks) >= MAX_OUTSTANDING:
-                step.errors += 1
-                continue
-            task = asyncio.create_task(self.one(client))
-            tasks.add(task)
-            task.add_done_callback(finished)
-        if tasks:
-            await asyncio.wait(set(tasks), timeout=REQUEST_TIMEOUT + 5)
-        latencies.sort()
-        # The window the answers came in, shifted by the shortest latency (seconds for a
-        # chat answer): a server that keeps up answers the last request about that long
-        # after it was sent; one that falls behind answers later and its rate drops.
-        elapsed = max(seconds, last_done - started - (latencies[0] if latencies else 0.0))
-        step.achieved_tps = step.units / elapsed
-        step.achieved_rps = step.ok / elapsed
-        step.p50_ms = _percentile(latencies, 0.5)
-        step.p90_ms = _percentile(latencies, 0.9)
-        step.p99_ms = _percentile(latencies, 0.99)
-        return step
-
-
-def _kept_up(step: Step, p99_bound: float) -> bool:
-    # Requests, not units: a chat answer may end before max_tokens and still keep up.
-    return (
-        step.achieved_rps >= KEEPS_UP * step.offered_rps
-        and step.p99_ms is not None
-        and step.p99_ms <= p99_bound * 1000
-    )
+def workload_load(base: str, workload: Workload) -> Load:
+    return Load(base + workload.route, workload.bodies, workload.per_request, workload.count)
 
 
 async def measure_server(
-    name: str, load: Load, args: argparse.Namespace, reference: np.ndarray | None
+    name: str, base: str, workload: Workload, args: argparse.Namespace, reference: np.ndarray | None
 ) -> TargetResult:
     result = TargetResult(target=name)
+    load = workload_load(base, workload)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
         if reference is not None:
-            result.cosine_min = await _cosine_min(client, load, reference)
-        await load.probe(client, 3.0, 8)  # warm up: model resident, connections open
-        result.capacity_rps = await load.probe(client, args.probe_seconds, 16)
-        over = 0
-        for fraction in FRACTIONS:
-            step = await load.step(client, fraction * result.capacity_rps, args.step_seconds)
-            result.steps.append(step)
-            print(f"  {name}: {_describe(step, load.workload.unit)}", flush=True)
-            if _kept_up(step, args.p99_bound):
-                result.knee_tps = max(result.knee_tps, step.achieved_tps)
-            else:
-                over += 1
-                if over >= 2:  # past the knee twice: enough
-                    break
-        if result.knee_tps:
-            knee_rps = max(s.achieved_rps for s in result.steps if _kept_up(s, args.p99_bound))
-            half = await load.step(client, 0.5 * knee_rps, args.step_seconds)
-            result.p50_at_half_knee_ms = half.p50_ms
+            result.cosine_min = await _cosine_min(client, load.url, workload, reference)
+        knee = await find_knee(
+            client,
+            load,
+            fractions=FRACTIONS,
+            step_seconds=args.step_seconds,
+            p99_bound=args.p99_bound,
+            probe_seconds=args.probe_seconds,
+            on_step=lambda step: print(f"  {name}: {describe(step, workload.unit)}", flush=True),
+        )
+    result.capacity_rps, result.steps = knee.capacity_rps, knee.steps
+    result.knee_tps, result.p50_at_half_knee_ms = knee.knee_tps, knee.p50_at_half_knee_ms
     return result
 
 
-async def _cosine_min(client: httpx.AsyncClient, load: Load, reference: np.ndarray) -> float:
-    body = {"model": MODEL, "input": _checked_texts(load.workload), "encoding_format": "float"}
-    r = await client.post(load.url, json=body)
+async def _cosine_min(
+    client: httpx.AsyncClient, url: str, workload: Workload, reference: np.ndarray
+) -> float:
+    body = {"model": MODEL, "input": _checked_texts(workload), "encoding_format": "float"}
+    r = await client.post(url, json=body)
     r.raise_for_status()
     got = np.array([row["embedding"] for row in r.json()["data"]], dtype=np.float32)
     norms = np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1)
@@ -236,17 +118,6 @@ def _checked_texts(workload: Workload) -> list[str]:
     """The first `CHECKED` texts an embed workload sends: each target's vectors for them
     are compared with in-process float32."""
     return [t for body in workload.bodies for t in body["input"]][:CHECKED]
-
-
-def _describe(step: Step, unit: str) -> str:
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x:.0f}"
-
-    return (
-        f"offered {step.offered_tps:7.1f} {unit}/s -> {step.achieved_tps:7.1f}, "
-        f"p50/p90/p99 {ms(step.p50_ms)}/{ms(step.p90_ms)}/{ms(step.p99_ms)} ms, "
-        f"errors {step.errors}"
-    )
 
 
 @contextlib.contextmanager
@@ -435,7 +306,7 @@ def write_results(
     for r in results:
         if r.steps:
             lines += ["", f"## {r.target} (capacity probe {r.capacity_rps:.1f} req/s)", ""]
-            lines += [f"- {_describe(s, unit)}" for s in r.steps]
+            lines += [f"- {describe(s, unit)}" for s in r.steps]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     _plot(stem.with_suffix(".png"), workload, results)
     return stem
@@ -541,8 +412,7 @@ def main(argv: list[str]) -> None:
             continue
         try:
             with servers[target]() as base:
-                load_ = Load(base, workload)
-                results.append(asyncio.run(measure_server(target, load_, args, reference)))
+                results.append(asyncio.run(measure_server(target, base, workload, args, reference)))
         except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
             print(f"  {target} failed: {str(exc)[-500:]}", flush=True)
             results.append(TargetResult(target, note=f"failed: {str(exc)[-200:]!r}"))

@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import machine  # noqa: E402
-from perf.knee import Load, _describe, _profile_arg, shoal_stack  # noqa: E402
+from perf.knee import _profile_arg, shoal_stack, workload_load  # noqa: E402
 from perf.workloads import WORKLOADS  # noqa: E402
+from shoal.tune.knee import Load, describe  # noqa: E402
 
 RATE_HZ = 100
 """py-spy samples per second per thread."""
@@ -142,7 +143,7 @@ def main(argv: list[str]) -> None:
     out = Path(args.out) / f"profile-{workload.name}-{stamp}"
     out.parent.mkdir(parents=True, exist_ok=True)
     with shoal_stack(args.profile, workload) as stack:
-        load_ = Load(stack.base, workload)
+        load_ = workload_load(stack.base, workload)
         capacity, step = asyncio.run(_drive(load_, args.load, args.seconds, stack.pids, out))
     info = machine()
     lines = [
@@ -152,7 +153,7 @@ def main(argv: list[str]) -> None:
         f"torch {info['torch']}; profile overrides {args.profile or 'none'}.",
         "",
         f"Probed capacity {capacity:.1f} requests/s; during the profile: "
-        f"{_describe(step, workload.unit)}. py-spy at {RATE_HZ} Hz, non-blocking, on both "
+        f"{describe(step, workload.unit)}. py-spy at {RATE_HZ} Hz, non-blocking, on both "
         "processes (its own CPU shares the cores).",
         "",
     ]
