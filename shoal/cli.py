@@ -13,6 +13,7 @@ from .config import Settings, load_settings
 from .embed_cli import add_embed_command
 from .keys_cli import add_keys_command, run_keys_command
 from .logs import configure_logging
+from .tune.cli import add_tune_command
 
 if TYPE_CHECKING:
     from .supervisor import Topology
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     add_batch_commands(sub)
     add_embed_command(sub)
     add_keys_command(sub)
+    add_tune_command(sub, common)
     return parser
 
 
@@ -123,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     if exposure:
         level = logging.INFO if settings.auth.keys else logging.WARNING
         logging.getLogger("shoal").log(level, exposure)
+    if args.command == "tune":
+        from .tune.cli import run_tune_command
+
+        return run_tune_command(args, settings)
     if args.command == "serve":
         from .supervisor import serve
 

@@ -31,27 +31,29 @@ from .config import Settings
 from .queue.embedded import EmbeddedNats, EmbeddedNatsCluster
 from .queue.nats import wait_jetstream
 
-__all__ = ["Topology", "serve"]
+__all__ = ["Child", "Topology", "die_with_parent", "serve"]
 
 log = logging.getLogger("shoal.serve")
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Not on Linux: no such call, and the ordered shutdown in `serve` still applies.
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class _Child:
+class Child:
+    """`python -m shoal <args>` in its own session, stopped with the process that made it."""
+
     def __init__(self, name: str, args: list[str], log_path: Path | None) -> None:
         self.name = name
         out = open(log_path, "ab") if log_path else None  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "shoal", *args],
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
         )
@@ -92,10 +94,10 @@ class Topology:
 def _start_nats(data_dir: Path, run_dir: Path, nodes: int) -> EmbeddedNats | EmbeddedNatsCluster:
     if nodes == 1:
         return EmbeddedNats(data_dir / "nats").start(
-            log_file=run_dir / "nats-server.log", preexec_fn=_die_with_parent
+            log_file=run_dir / "nats-server.log", preexec_fn=die_with_parent
         )
     cluster = EmbeddedNatsCluster(data_dir / "nats-cluster", size=nodes)
-    cluster.start(log_dir=run_dir, preexec_fn=_die_with_parent)
+    cluster.start(log_dir=run_dir, preexec_fn=die_with_parent)
     try:
         asyncio.run(wait_jetstream(cluster.url, within=60.0))
     except TimeoutError:
@@ -112,19 +114,19 @@ def _fit_to_topology(settings: Settings, topology: Topology) -> None:
         settings.worker.threads = max(1, (os.cpu_count() or 1) // topology.workers)
 
 
-def _children(config: Path, settings: Settings, topology: Topology) -> list[_Child]:
+def _children(config: Path, settings: Settings, topology: Topology) -> list[Child]:
     """Workers first, gateways last: `serve` stops them in the reverse order."""
     children = [
-        _Child(f"worker-{i}", ["worker", "--config", str(config)], None)
+        Child(f"worker-{i}", ["worker", "--config", str(config)], None)
         for i in range(topology.workers)
     ]
     if settings.serve_generation:
         children.append(
-            _Child("generator", ["worker", "--kind", "generate", "--config", str(config)], None)
+            Child("generator", ["worker", "--kind", "generate", "--config", str(config)], None)
         )
     port = settings.gateway.port
     children += [
-        _Child(f"gateway-{i}", ["gateway", "--config", str(config), "--port", str(port + i)], None)
+        Child(f"gateway-{i}", ["gateway", "--config", str(config), "--port", str(port + i)], None)
         for i in range(topology.gateways)
     ]
     return children
@@ -150,7 +152,7 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
     _fit_to_topology(settings, topology)
     config = run_dir / "settings.json"
     config.write_bytes(msgspec.json.encode(settings))
-    children: list[_Child] = []
+    children: list[Child] = []
     status = 0
     try:
         children += _children(config, settings, topology)

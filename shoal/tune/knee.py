@@ -23,6 +23,8 @@ __all__ = ["Knee", "Load", "Step", "describe", "find_knee", "kept_up"]
 KEEPS_UP = 0.9
 """Share of the offered requests a step must answer to count as keeping up."""
 REQUEST_TIMEOUT = 30.0
+MAX_EXTRA_STEPS = 4
+"""Steps past the last share at most, 25% more load each, while they keep up."""
 MAX_OUTSTANDING = 4096
 """Requests in flight at most; past it a scheduled request counts as refused (bounded)."""
 
@@ -49,7 +51,7 @@ class Knee:
     """Requests/s the closed-loop probe answered."""
     steps: list[Step] = field(default_factory=list)
     knee_tps: float = 0.0
-    """Best units/s of a step that kept up; 0 when none did."""
+    """Best units/s of a step that kept up (at most what it was offered); 0 when none did."""
     knee_p50_ms: float | None = None
     knee_p99_ms: float | None = None
     """Latency of the step the knee was measured in."""
@@ -191,15 +193,23 @@ async def find_knee(
     await load.probe(client, warmup_seconds, 8)  # model resident, connections open
     knee.capacity_rps = await load.probe(client, probe_seconds, 16)
     over = 0
-    for fraction in fractions:
+    shares = list(fractions)
+    for fraction in shares:
         step = await load.step(client, max(0.1, fraction * knee.capacity_rps), step_seconds)
         knee.steps.append(step)
         if on_step is not None:
             on_step(step)
         if kept_up(step, p99_bound):
-            if step.achieved_tps > knee.knee_tps:
-                knee.knee_tps = step.achieved_tps
+            # A step cannot sustain more than it was offered; above it is the backlog of
+            # a short step drained late (long answers, as in chat).
+            sustained = min(step.achieved_tps, step.offered_tps)
+            if sustained > knee.knee_tps:
+                knee.knee_tps = sustained
                 knee.knee_p50_ms, knee.knee_p99_ms = step.p50_ms, step.p99_ms
+            if fraction == shares[-1] and len(shares) < len(fractions) + MAX_EXTRA_STEPS:
+                # Still keeping up at the last share: the probe underestimated, so the
+                # knee lies further on.
+                shares.append(fraction * 1.25)
         else:
             over += 1
             if over >= 2:  # past the knee twice: enough

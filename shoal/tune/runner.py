@@ -1,0 +1,380 @@
+"""`shoal tune MODEL`: measure batching profiles on a live worker and keep the best.
+
+A private stack on loopback (nats-server, one worker for MODEL, one gateway) serves the
+model the way production does. Each candidate profile is set through the live registry,
+so the same encoder worker picks it up without a restart (a dtype change restarts it:
+weights are cast at load), and is measured with the knee method (`knee.find_knee`):
+throughput where the worker stops keeping up, and latency there. `search.search` chooses
+which candidates to spend the budget on. bf16 is a candidate only where it is fast (a
+GPU, or a CPU with native bf16) and keeps every vector within `QUALITY_FLOOR` of float32.
+
+Generation models are tuned on the sequences decoded together (`max_batch_items`, the
+continuous batch): the generation worker sizes its runtime at load, so each candidate
+restarts it. Their unit is generated tokens, their load short chat turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from ..config import Settings
+from ..model_registry import BatchProfile, LiveRegistry, ModelRegistry, ModelSpec
+from ..model_registry.sources import SourceResolver, resolve_source
+from ..queue.embedded import EmbeddedNats, free_port
+from ..queue.errors import QueueUnavailableError
+from ..queue.nats import Bus, NatsKeyValue
+from ..supervisor import Child, die_with_parent
+from . import texts
+from .knee import Knee, Load, find_knee
+from .search import Knob, Trial, confirm, mean_scores, search
+
+__all__ = ["TuneResult", "knobs_for", "tune"]
+
+log = logging.getLogger("shoal.tune")
+
+WORKLOADS = {"short": 8, "passages": 2, "mixed": 8}
+"""Text set: texts per request (a file's texts go 8 to a request); chat sends one."""
+CHAT_MAX_TOKENS = 32
+CONFIRM_SHARE = 0.2
+"""Of the search's budget, what is kept to measure the best candidates again."""
+FRACTIONS = (0.6, 0.8, 1.0, 1.15)
+"""Offered load per step, as a share of the probed capacity: fewer and shorter steps than
+`perf knee`, since a tune measures many candidates of one server."""
+_READY_S = 300.0
+
+
+@dataclass
+class TuneResult:
+    model: str
+    trials: list[Trial]
+    """Every measurement, in order: the search's, then the `confirm` runs."""
+    winner: dict[str, Any]
+    """The candidate with the best mean score over its runs."""
+    profile: BatchProfile
+    """The winning profile, complete."""
+    quality: dict[str, float] | None
+    """bf16's worst and mean cosine to float32, when it was checked."""
+    elapsed_s: float
+    unit: str
+    """What the score counts per second: texts (embeddings) or tokens (generation)."""
+
+    def score(self, candidate: dict[str, Any]) -> float:
+        """The mean score of `candidate`'s runs."""
+        key = sorted(candidate.items())
+        return next(m for c, m in mean_scores(self.trials) if sorted(c.items()) == key)
+
+    @property
+    def default(self) -> dict[str, Any]:
+        return self.trials[0].candidate
+
+    @property
+    def gain(self) -> float:
+        """The winner's throughput over the default profile's (1.0: no better)."""
+        default = self.score(self.default)
+        return self.score(self.winner) / default if default else 0.0
+
+
+def knobs_for(profile: BatchProfile, cores: int, dtypes: tuple[str, ...]) -> list[Knob]:
+    """The encoder knobs worth searching, around `profile`."""
+    threads = sorted({1, max(1, cores // 2), cores} | ({profile.threads} - {0}))
+    return [
+        Knob("max_batch_tokens", (2048, 4096, 8192, 16384, 32768)),
+        Knob("max_batch_items", (16, 32, 64, 128, 256)),
+        Knob("max_wait_ms", (0.0, 1.0, 2.0, 5.0, 10.0)),
+        Knob("threads", tuple(threads)),
+        Knob("dtype", dtypes, restart=True),
+    ]
+
+
+GENERATION_KNOBS = [Knob("max_batch_items", (2, 4, 8, 16, 32, 64, 128), restart=True)]
+
+
+def _profile(base: BatchProfile, candidate: dict[str, Any]) -> BatchProfile:
+    return msgspec.structs.replace(base, **candidate)
+
+
+def _candidate(profile: BatchProfile, cores: int, generate: bool) -> dict[str, Any]:
+    if generate:
+        return {"max_batch_items": profile.max_batch_items}
+    return {
+        "max_batch_tokens": profile.max_batch_tokens,
+        "max_batch_items": profile.max_batch_items,
+        "max_wait_ms": profile.max_wait_ms,
+        "threads": profile.threads or cores,
+        "dtype": profile.dtype,
+    }
+
+
+class _Stack:
+    """nats-server, one worker serving the model and a gateway, on loopback."""
+
+    def __init__(self, settings: Settings, spec: ModelSpec, run_dir: Path) -> None:
+        self.spec = spec
+        self.generate = "generate" in spec.tasks
+        self.run_dir = run_dir
+        self.nats = EmbeddedNats(run_dir / "nats")
+        # A deep copy: the caller's settings still name the user's own NATS server.
+        self.settings = msgspec.json.decode(msgspec.json.encode(settings), type=Settings)
+        self.worker: Child | None = None
+        self.gateway: Child | None = None
+        self.bus: Bus | None = None
+        self.kv: NatsKeyValue | None = None
+        self.registry: LiveRegistry | None = None
+        self.base = ""
+
+    async def start(self) -> None:
+        self.nats.start(log_file=self.run_dir / "nats-server.log", preexec_fn=die_with_parent)
+        s = self.settings
+        s.nats.url = self.nats.url
+        s.worker.models = [self.spec.id]
+        s.worker.pinned = [self.spec.id]
+        s.generator.models, s.generator.max_running = [self.spec.id], 0
+        s.gateway.host, s.gateway.port = "127.0.0.1", free_port()
+        s.telemetry.metrics_port = 0
+        s.batches.run_batches = False
+        s.objects.backend, s.objects.local_dir = "local", str(self.run_dir / "objects")
+        self.base = f"http://127.0.0.1:{s.gateway.port}"
+        config = self.run_dir / "settings.json"
+        config.write_bytes(msgspec.json.encode(s))
+        self.config = config
+        self.bus = await Bus.connect(s.nats, "shoal-tune")
+        static = ModelRegistry.from_files(s.models_file)
+        self.kv = await self.bus.key_value(s.nats.registry_bucket)
+        self.registry = LiveRegistry(static, self.kv)
+        await self.registry.start()
+        self.gateway = Child("gateway", ["gateway", "--config", str(config)], self._log("gateway"))
+        self._start_worker()
+
+    def _log(self, name: str) -> Path:
+        return self.run_dir / f"{name}.log"
+
+    def _start_worker(self) -> None:
+        args = ["worker", "--config", str(self.config)]
+        if self.generate:
+            args += ["--kind", "generate"]
+        self.worker = Child("worker", args, self._log("worker"))
+
+    async def apply(self, profile: BatchProfile, restart: bool) -> None:
+        """Serve the model with `profile`: live, or by restarting the worker."""
+        assert self.registry is not None
+        await self.registry.set_profile(self.spec.id, profile)
+        if restart:
+            assert self.worker is not None
+            self.worker.stop(timeout=30.0)
+            self._start_worker()
+        else:
+            await asyncio.sleep(0.3)  # the worker's registry watch applies it
+
+    async def wait_served(self, load: Load, client: httpx.AsyncClient) -> None:
+        """Until the model answers through the gateway (a loaded, ready worker)."""
+        deadline = time.monotonic() + _READY_S
+        while time.monotonic() < deadline:
+            for child in (self.worker, self.gateway):
+                if child is not None and not child.alive():
+                    tail = self._log(child.name).read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"the {child.name} exited:\n{tail}")
+            units, _ = await load.one(client)
+            if units:
+                return
+            await asyncio.sleep(0.5)
+        raise TimeoutError(f"{self.spec.id} not served within {_READY_S:.0f}s")
+
+    async def close(self) -> None:
+        for child in (self.gateway, self.worker):
+            if child is not None:
+                child.stop(timeout=30.0)
+        if self.kv is not None:
+            await self.kv.close()
+        if self.bus is not None:
+            await self.bus.close()
+        self.nats.stop()
+
+
+def _embed_load(base: str, model: str, sample: list[str], per_request: int) -> Load:
+    bodies = [
+        {"model": model, "input": sample[i : i + per_request], "encoding_format": "base64"}
+        for i in range(0, len(sample) - per_request + 1, per_request)
+    ]
+
+    def count(answer: dict) -> int:
+        return per_request if len(answer["data"]) == per_request else 0
+
+    return Load(f"{base}/v1/embeddings", bodies, per_request, count)
+
+
+def _chat_load(base: str, model: str, sample: list[str]) -> Load:
+    bodies = [
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": CHAT_MAX_TOKENS,
+            "temperature": 0,
+        }
+        for text in sample
+    ]
+
+    def count(answer: dict) -> int:
+        return answer["usage"]["completion_tokens"] if answer["choices"] else 0
+
+    return Load(f"{base}/v1/chat/completions", bodies, CHAT_MAX_TOKENS, count)
+
+
+def _fast_dtypes(settings: Settings, spec: ModelSpec) -> tuple[str, ...]:
+    """bf16 joins float32 where it runs natively (see `BatchProfile.dtype`)."""
+    import torch
+
+    from ..workers.adapters._torch import cpu_has_native_bf16
+
+    gpu = settings.worker.device.startswith("cuda") or (
+        settings.worker.device == "auto" and torch.cuda.is_available()
+    )
+    return ("float32", "bfloat16") if gpu or cpu_has_native_bf16() else ("float32",)
+
+
+def _bf16_quality(settings: Settings, spec: ModelSpec, sample: list[str]) -> dict[str, float]:
+    from ..workers.quality import cosine_vs_float32
+
+    bf16 = msgspec.structs.replace(
+        spec, profile=msgspec.structs.replace(spec.profile, dtype="bfloat16")
+    )
+    path = resolve_source(spec, SourceResolver(Path(settings.data_dir) / "cache", settings.s3))
+    worst, mean = cosine_vs_float32(bf16, path, sample)
+    return {"worst": worst, "mean": mean}
+
+
+async def tune(
+    settings: Settings,
+    model: str,
+    *,
+    workload: str = "short",
+    budget_s: float = 600.0,
+    p99_ms: float = 0.0,
+    step_seconds: float = 0.0,
+    keep_dtype: bool = False,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> TuneResult:
+    """Search `model`'s batching profile for `budget_s` seconds (everything included).
+
+    Raises:
+        UnknownModelError: no such model.
+        ValueError: a model `shoal tune` cannot tune (neither `embed` nor `generate`), or a
+            workload file without text.
+
+    `p99_ms` bounds the knee's latency; 0: 1 s for embeddings, 10 s for generation.
+    `step_seconds` is each load step's length (0: 2 s, chat 10 s). `keep_dtype` searches
+    with the spec's dtype only (its vectors stay as they are).
+    """
+    started = time.monotonic()
+    spec = ModelRegistry.from_files(settings.models_file).resolve(model)
+    generate = "generate" in spec.tasks
+    if not generate and "embed" not in spec.tasks:
+        raise ValueError(f"{spec.id} serves neither embed nor generate: nothing to measure")
+    if workload in WORKLOADS:
+        sample, per_request = texts.generate(workload), WORKLOADS[workload]
+    else:
+        sample, per_request = texts.from_file(workload), 8
+    cores = os.cpu_count() or 1
+    quality = None
+    if generate:
+        knobs = GENERATION_KNOBS
+    else:
+        dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(settings, spec)
+        if "bfloat16" in dtypes and spec.profile.dtype != "bfloat16":
+            from ..workers.quality import QUALITY_FLOOR
+
+            quality = _bf16_quality(settings, spec, sample[:128])
+            if quality["worst"] < QUALITY_FLOOR:
+                dtypes = ("float32",)
+        if spec.profile.dtype not in dtypes:
+            dtypes = (*dtypes, spec.profile.dtype)
+        knobs = knobs_for(spec.profile, cores, dtypes)
+
+    run_dir = Path(tempfile.mkdtemp(prefix="shoal-tune-"))
+    stack = _Stack(settings, spec, run_dir)
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    try:
+        async with httpx.AsyncClient(timeout=30.0, limits=limits) as client:
+            await stack.start()
+            if generate:
+                load = _chat_load(stack.base, spec.id, sample)
+            else:
+                load = _embed_load(stack.base, spec.id, sample, per_request)
+            await stack.wait_served(load, client)
+            default = _candidate(spec.profile, cores, generate)
+            served = dict(default)
+
+            async def measure(candidate: dict[str, Any]) -> tuple[float, Knee]:
+                profile = _profile(spec.profile, candidate)
+                # Restart for what a worker fixes at load: the dtype of its weights, the
+                # slots of a generation runtime.
+                restart = any(candidate[k.name] != served[k.name] for k in knobs if k.restart)
+                await stack.apply(profile, restart)
+                served.update(candidate)
+                if restart:
+                    await stack.wait_served(load, client)
+                knee = await find_knee(
+                    client,
+                    load,
+                    fractions=FRACTIONS,
+                    # A chat answer takes seconds: a short step would count only a few, and
+                    # its late backlog would pass for throughput.
+                    step_seconds=step_seconds or (10.0 if generate else 2.0),
+                    p99_bound=(p99_ms or (10_000.0 if generate else 1000.0)) / 1000,
+                    probe_seconds=8.0 if generate else 2.0,
+                    warmup_seconds=1.0,
+                    half_knee=False,
+                )
+                return knee.knee_tps, knee
+
+            remaining = budget_s - (time.monotonic() - started)
+            trials = await search(
+                knobs,
+                default,
+                measure,
+                budget_s=remaining * (1 - CONFIRM_SHARE),
+                on_trial=on_trial,
+            )
+            trials += await confirm(trials, measure, deadline=started + budget_s, on_trial=on_trial)
+    finally:
+        await stack.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    winner = mean_scores(trials)[0][0]
+    return TuneResult(
+        model=spec.id,
+        trials=trials,
+        winner=winner,
+        profile=_profile(spec.profile, winner),
+        quality=quality,
+        elapsed_s=time.monotonic() - started,
+        unit="tokens" if generate else "texts",
+    )
+
+
+async def publish_profile(settings: Settings, model_id: str, profile: BatchProfile) -> bool:
+    """Make `profile` live for every worker on the settings' NATS server; False when that
+    server does not answer within a few seconds (the spec file still has it)."""
+    try:
+        bus = await asyncio.wait_for(Bus.connect(settings.nats, "shoal-tune"), 5.0)
+    except (TimeoutError, OSError, QueueUnavailableError) as exc:
+        log.info("profile not published: NATS at %s: %r", settings.nats.url, exc)
+        return False
+    try:
+        kv = await bus.key_value(settings.nats.registry_bucket)
+        registry = LiveRegistry(ModelRegistry.from_files(settings.models_file), kv)
+        await registry.set_profile(model_id, profile)
+        await kv.close()
+    finally:
+        await bus.close()
+    return True

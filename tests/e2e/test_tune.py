@@ -1,0 +1,135 @@
+"""`shoal tune` on the packaged MiniLM with a 2-minute budget: it finishes in budget,
+tries several candidates on a live worker, picks the best it measured, reports it (JSON
+and PNG), and `--write` puts it in the spec file and live on the NATS server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shoal.config import NatsSettings
+from shoal.model_registry import BatchProfile, LiveRegistry, ModelRegistry
+from shoal.queue.nats import Bus
+from tests.helpers import GEN_MODEL, MODEL
+
+pytestmark = pytest.mark.slow
+
+BUDGET_S = 120
+
+
+def _key(trial: dict) -> str:
+    return json.dumps(trial["candidate"], sort_keys=True)
+
+
+def _mean(trials: list[dict]) -> float:
+    return sum(t["score"] for t in trials) / len(trials)
+
+
+def _best_by_mean(trials: list[dict]) -> list[dict]:
+    """The runs of the winner the report names, checked to have the best mean score."""
+    winner = [t for t in trials if t["winner"]]
+    assert len({_key(t) for t in winner}) == 1
+    runs: dict[str, list[dict]] = {}
+    for t in trials:
+        runs.setdefault(_key(t), []).append(t)
+    assert _mean(winner) == max(_mean(r) for r in runs.values())
+    return winner
+
+
+async def _live_profile(url: str) -> BatchProfile:
+    settings = NatsSettings(url=url)
+    bus = await Bus.connect(settings, "test-tune")
+    try:
+        kv = await bus.key_value(settings.registry_bucket)
+        registry = LiveRegistry(ModelRegistry.from_files(), kv)
+        await registry.start()
+        profile = registry.resolve(MODEL).profile
+        await kv.close()
+        return profile
+    finally:
+        await bus.close()
+
+
+def test_a_two_minute_tune_finds_writes_and_publishes_the_best_profile(
+    tmp_path: Path, nats_server
+) -> None:
+    spec = tmp_path / "models.toml"
+    spec.write_text("# my models\nmodels = []\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    env.update(
+        SHOAL_DATA_DIR=str(tmp_path / "data"),
+        SHOAL_NATS__URL=nats_server.url,
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "shoal", "tune", MODEL, "--budget", f"{BUDGET_S}s", "--write",
+         "--spec", str(spec), "--out", str(tmp_path / "report")],
+        env=env, capture_output=True, text=True, timeout=BUDGET_S + 120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # In budget: no trial starts that would not end in it; start-up is counted in it.
+    assert elapsed < BUDGET_S + 20, elapsed
+
+    (report_path,) = (tmp_path / "report").glob("tune-*.json")
+    assert report_path.with_suffix(".png").stat().st_size > 0
+    report = json.loads(report_path.read_text())
+    trials = report["trials"]
+    searched = [t for t in trials if t["phase"] != "confirm"]
+    assert len(searched) >= 4, [t["candidate"] for t in trials]
+    assert len({_key(t) for t in searched}) == len(searched)  # none measured twice
+    assert trials[0]["phase"] == "default"
+    winner = _best_by_mean(trials)
+    assert all(t["knee"]["knee_tps"] == t["score"] for t in winner)
+    assert report["score"] == pytest.approx(_mean(winner)) and report["score"] > 0
+    assert "winner" in done.stdout and "texts/s" in done.stdout
+
+    written = ModelRegistry.from_files(spec).resolve(MODEL)
+    assert written.profile == BatchProfile(**report["profile"])
+    for knob, value in winner[0]["candidate"].items():
+        assert getattr(written.profile, knob) == value
+    assert written.source == ModelRegistry.from_files().resolve(MODEL).source
+    text = spec.read_text()
+    assert text.startswith("# my models") and "shoal tune" in text  # comments kept, noted
+
+    # --write also made it live for the workers on the settings' NATS server.
+    assert asyncio.run(_live_profile(nats_server.url)) == written.profile
+
+
+def test_a_generation_model_is_tuned_on_its_continuous_batch(
+    tmp_path: Path, lm_dir: Path, session_dir: Path
+) -> None:
+    """`lm_dir` first: the tune's worker reuses the session's converted SmolLM2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    env.update(SHOAL_DATA_DIR=str(session_dir), HF_HUB_OFFLINE="1")
+    budget = 240
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "shoal", "tune", GEN_MODEL, "--budget", f"{budget}s",
+         "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=budget + 120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert time.monotonic() - started < budget + 20
+    (report_path,) = tmp_path.glob("tune-*.json")
+    report = json.loads(report_path.read_text())
+    assert report["unit"] == "tokens"
+    trials = report["trials"]
+    searched = [t for t in trials if t["phase"] != "confirm"]
+    # A generation candidate takes a worker restart and minutes of chat on two cores.
+    assert len(searched) >= 2
+    # One knob: the sequences decoded together; each candidate a fresh worker.
+    assert {tuple(t["candidate"]) for t in trials} == {("max_batch_items",)}
+    assert len({_key(t) for t in searched}) == len(searched)
+    winner = _best_by_mean(trials)
+    assert report["score"] == pytest.approx(_mean(winner)) and report["score"] > 0
+    assert report["profile"]["max_batch_items"] == winner[0]["candidate"]["max_batch_items"]
