@@ -101,11 +101,28 @@ def start_worker(
 GEN_MODEL = "smollm2-135m-instruct"
 
 
-def wait_ready(base: str, proc: ShoalProcess | None = None, timeout: float = 120.0) -> None:
+class Watched:
+    """A process a test started another way (`shoal serve`, honcho), with its output in
+    `log_path`: waited on like a ShoalProcess."""
+
+    def __init__(self, process: subprocess.Popen, log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+def wait_ready(
+    base: str, proc: ShoalProcess | Watched | None = None, timeout: float = 120.0
+) -> None:
     wait_until(lambda: _ok(base + "/ready"), timeout, proc, "/ready")
 
 
-def wait_until(check, timeout: float, proc: ShoalProcess | None, what: str) -> None:
+def wait_until(check, timeout: float, proc: ShoalProcess | Watched | None, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -114,6 +131,20 @@ def wait_until(check, timeout: float, proc: ShoalProcess | None, what: str) -> N
             raise RuntimeError(f"process exited while waiting for {what}:\n{proc.log()}")
         time.sleep(0.2)
     raise TimeoutError(f"{what} not reached in {timeout}s" + (f":\n{proc.log()}" if proc else ""))
+
+
+def stop_with_ctrl_c(
+    process: subprocess.Popen, children: list, timeout: float = 90.0
+) -> int | None:
+    """SIGINT (what Ctrl-C sends) to `process`; its exit status, once none of `children`
+    (psutil processes) outlives it."""
+    import psutil
+
+    process.send_signal(signal.SIGINT)
+    status = process.wait(timeout)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"orphans: {[p.pid for p in alive]}"
+    return status
 
 
 def _ok(url: str) -> bool:

@@ -8,11 +8,9 @@ import asyncio
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import psutil
 import pytest
 
 from shoal.queue.embedded import free_port
-from tests.helpers import GEN_MODEL, MODEL
+from tests.helpers import GEN_MODEL, MODEL, Watched, stop_with_ctrl_c, wait_ready, wait_until
 from tests.nats_cluster import stream_view
 
 pytestmark = pytest.mark.slow
@@ -44,26 +42,9 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/ready", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _ready_workers(base: str) -> list[dict]:
     status = httpx.get(f"{base}/status.json", timeout=10).json()
     return [w for w in status["workers"] if w["state"] == "ready"]
-
-
-def _wait(check, timeout: float, what: str, serve: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert serve.poll() is None, f"shoal serve exited with {serve.returncode}"
-        if check():
-            return
-        time.sleep(0.5)
-    raise TimeoutError(what)
 
 
 def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path: Path) -> None:
@@ -80,8 +61,9 @@ def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
+        watched = Watched(serve, tmp_path / "serve.log")
         for base in bases:
-            _wait(lambda b=base: _ready(b), 240, f"{base}/ready", serve)
+            wait_ready(base, watched, timeout=240)
         children = psutil.Process(serve.pid).children(recursive=True)
         commands = [" ".join(c.cmdline()) for c in children]
         assert sum("nats-server" in c for c in commands) == 3
@@ -91,7 +73,9 @@ def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path
 
         # Both gateways hear every worker's heartbeat through the cluster.
         for base in bases:
-            _wait(lambda b=base: len(_ready_workers(b)) >= WORKERS + 1, 240, "workers", serve)
+            wait_until(
+                lambda b=base: len(_ready_workers(b)) >= WORKERS + 1, 240, watched, "workers"
+            )
 
         # Streams and buckets are replicated on all three nodes.
         settings = json.loads((tmp_path / "data" / "run" / "settings.json").read_bytes())
@@ -129,11 +113,11 @@ def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path
         batch = clients[1].batches.create(
             input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
         )
-        _wait(
+        wait_until(
             lambda: clients[0].batches.retrieve(batch.id).status == "completed",
             120,
+            watched,
             "batch",
-            serve,
         )
         done = clients[1].batches.retrieve(batch.id)
         out = clients[0].files.content(done.output_file_id).text.splitlines()
@@ -141,10 +125,7 @@ def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path
             line["custom_id"] for line in lines
         )
 
-        serve.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        assert serve.wait(90) == 0
-        _, alive = psutil.wait_procs(children, timeout=15)
-        assert not alive, f"orphans: {[p.pid for p in alive]}"
+        assert stop_with_ctrl_c(serve, children) == 0
     finally:
         if serve.poll() is None:
             serve.kill()

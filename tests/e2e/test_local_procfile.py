@@ -5,10 +5,8 @@ Traffic goes through both gateways; Ctrl-C stops every process."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +16,7 @@ import psutil
 import pytest
 
 from shoal.queue.embedded import free_port
-from tests.helpers import MODEL
+from tests.helpers import MODEL, Watched, stop_with_ctrl_c, wait_ready, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -49,23 +47,6 @@ def _env_file(path: Path, data_dir: Path) -> tuple[Path, list[str]]:
     return path, [f"http://127.0.0.1:{ports[f'GATEWAY_PORT_{i}']}" for i in range(2)]
 
 
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/ready", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _wait(check, timeout: float, what: str, honcho: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert honcho.poll() is None, f"honcho exited:\n{log.read_text()[-3000:]}"
-        if check():
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"{what}:\n{log.read_text()[-3000:]}")
-
-
 def test_the_procfile_cluster_serves_through_both_gateways(tmp_path: Path) -> None:
     env_file, bases = _env_file(tmp_path / "local.env", tmp_path / "data")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
@@ -79,16 +60,17 @@ def test_the_procfile_cluster_serves_through_both_gateways(tmp_path: Path) -> No
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
+        watched = Watched(honcho, log)
         for base in bases:
-            _wait(lambda b=base: _ready(b), 240, f"{base}/ready", honcho, log)
+            wait_ready(base, watched, timeout=240)
         children = psutil.Process(honcho.pid).children(recursive=True)
         for base in bases:
-            _wait(
+            wait_until(
                 lambda b=base: sum(
                     w["state"] == "ready"
                     for w in httpx.get(f"{b}/status.json", timeout=10).json()["workers"]
                 ) == 2,
-                120, "two encoder workers", honcho, log,
+                120, watched, "two encoder workers",
             )  # fmt: skip
         vectors = []
         for base in bases:
@@ -98,10 +80,7 @@ def test_the_procfile_cluster_serves_through_both_gateways(tmp_path: Path) -> No
         np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-5)
         assert (tmp_path / "data" / "nats" / "n2").is_dir()
 
-        honcho.send_signal(signal.SIGINT)
-        honcho.wait(60)
-        _, alive = psutil.wait_procs(children, timeout=15)
-        assert not alive, f"orphans: {[p.pid for p in alive]}"
+        stop_with_ctrl_c(honcho, children, timeout=60)
     finally:
         if honcho.poll() is None:
             honcho.kill()

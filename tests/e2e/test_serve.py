@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import psutil
 import pytest
 
 from shoal.queue.embedded import free_port
-from tests.helpers import wait_ready
+from tests.helpers import stop_with_ctrl_c, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +38,7 @@ def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, mode
         response = client.embeddings.create(model=model_name, input=["hello", "world"])
         assert len(response.data) == 2 and len(response.data[0].embedding) == 384
 
-        serve.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        assert serve.wait(60) == 0
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive, f"orphans: {[p.pid for p in alive]}"
+        assert stop_with_ctrl_c(serve, children, timeout=60) == 0
     finally:
         if serve.poll() is None:
             serve.kill()

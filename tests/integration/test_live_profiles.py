@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -22,13 +20,7 @@ from shoal.model_registry import (
 from shoal.queue import Bus
 from shoal.workers.adapters.dummy import DummyAdapter
 from shoal.workers.encoder_worker import EncoderWorker
-from tests.integration.test_queue_semantics import (
-    SPEC,
-    Harness,
-    RecordingStore,
-    _until,
-    settings_for,
-)
+from tests.integration.test_queue_semantics import SPEC, Harness, _until, settings_for
 from tests.unit.model_registry.test_live_registry import MemoryStore, spec
 
 SMALL = BatchProfile(max_batch_tokens=512, max_batch_items=2, max_wait_ms=2.0, threads=1)
@@ -110,14 +102,6 @@ class ThreadsAdapter(DummyAdapter):
     def embed(self, batch):
         self.threads.append(torch.get_num_threads())
         return super().embed(batch)
-
-
-@pytest.fixture
-async def harness(nats_server, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(settings_for(nats_server.url), RecordingStore(tmp_path / "objects"))
-    await h.open()
-    yield h
-    await h.close()
 
 
 async def _start_worker(h: Harness, adapter: DummyAdapter) -> EncoderWorker:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -156,14 +155,6 @@ class Harness:
                 await task
                 await w.bus.close()
         await self.bus.close()
-
-
-@pytest.fixture
-async def harness(nats_server, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(settings_for(nats_server.url), RecordingStore(tmp_path / "objects"))
-    await h.open()
-    yield h
-    await h.close()
 
 
 def expected(texts: list[str]) -> np.ndarray:
