@@ -90,7 +90,7 @@ def write_report(result: TuneResult, out_dir: Path, workload: str) -> tuple[Path
                 "score": t.score,
                 "seconds": t.seconds,
                 "knee": asdict(knee) if (knee := _knee(t)) else None,
-                "error": None if _knee(t) else repr(t.detail),
+                "error": None if knee else repr(t.detail),
                 "winner": t.candidate == result.winner,
             }
             for t in result.trials

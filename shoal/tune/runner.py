@@ -133,6 +133,7 @@ class _Stack:
         self.kv: NatsKeyValue | None = None
         self.registry: LiveRegistry | None = None
         self.base = ""
+        self.config = run_dir / "settings.json"
 
     async def start(self) -> None:
         self.nats.start(log_file=self.run_dir / "nats-server.log", preexec_fn=die_with_parent)
@@ -146,9 +147,8 @@ class _Stack:
         s.batches.run_batches = False
         s.objects.backend, s.objects.local_dir = "local", str(self.run_dir / "objects")
         self.base = f"http://127.0.0.1:{s.gateway.port}"
-        config = self.run_dir / "settings.json"
+        config = self.config
         config.write_bytes(msgspec.json.encode(s))
-        self.config = config
         self.bus = await Bus.connect(s.nats, "shoal-tune")
         static = ModelRegistry.from_files(s.models_file)
         self.kv = await self.bus.key_value(s.nats.registry_bucket)
@@ -231,16 +231,14 @@ def _chat_load(base: str, model: str, sample: list[str]) -> Load:
     return Load(f"{base}/v1/chat/completions", bodies, CHAT_MAX_TOKENS, count)
 
 
-def _fast_dtypes(settings: Settings, spec: ModelSpec) -> tuple[str, ...]:
-    """bf16 joins float32 where it runs natively (see `BatchProfile.dtype`)."""
-    import torch
+def _fast_dtypes(settings: Settings) -> tuple[str, ...]:
+    """bf16 joins float32 where the worker would serve it as asked (a GPU, or a CPU with
+    native bf16)."""
+    from ..workers.adapters._torch import runs_natively
+    from ..workers.adapters.sentence_transformers import pick_device
 
-    from ..workers.adapters._torch import cpu_has_native_bf16
-
-    gpu = settings.worker.device.startswith("cuda") or (
-        settings.worker.device == "auto" and torch.cuda.is_available()
-    )
-    return ("float32", "bfloat16") if gpu or cpu_has_native_bf16() else ("float32",)
+    device = pick_device(settings.worker.device)
+    return tuple(d for d in ("float32", "bfloat16") if runs_natively(d, device))
 
 
 def _bf16_quality(settings: Settings, spec: ModelSpec, sample: list[str]) -> dict[str, float]:
@@ -290,7 +288,7 @@ async def tune(
     if generate:
         knobs = GENERATION_KNOBS
     else:
-        dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(settings, spec)
+        dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(settings)
         if "bfloat16" in dtypes and spec.profile.dtype != "bfloat16":
             from ..workers.quality import QUALITY_FLOOR
 

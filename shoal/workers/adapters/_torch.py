@@ -12,7 +12,7 @@ import torch
 
 from .base import EncoderAdapter
 
-__all__ = ["TorchAdapter", "cpu_has_native_bf16"]
+__all__ = ["TorchAdapter", "cpu_has_native_bf16", "runs_natively"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,13 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
         if line.startswith("flags"):
             return bool(_NATIVE_BF16_FLAGS & set(line.split(":", 1)[1].split()))
     return False
+
+
+def runs_natively(dtype: str, device: str) -> bool:
+    """Whether a profile's `dtype` is served as asked on `device`: a GPU casts the weights;
+    a CPU runs bf16 under autocast only where it multiplies bf16 natively, and float32
+    otherwise (see `TorchAdapter._set_precision`)."""
+    return dtype == "float32" or device != "cpu" or (dtype == "bfloat16" and cpu_has_native_bf16())
 
 
 class TorchAdapter(EncoderAdapter):
@@ -52,16 +59,16 @@ class TorchAdapter(EncoderAdapter):
         self._autocast = None
         if dtype == "float32":
             return
-        if self.device != "cpu":
-            model.to(getattr(torch, dtype))
-        elif dtype == "bfloat16" and cpu_has_native_bf16():
-            self._autocast = torch.bfloat16
-        else:
+        if not runs_natively(dtype, self.device):
             log.warning(
                 "model %s: %s on this CPU would be slower than float32; serving float32",
                 self.spec.id,
                 dtype,
             )
+        elif self.device != "cpu":
+            model.to(getattr(torch, dtype))
+        else:
+            self._autocast = torch.bfloat16
 
     def _compute(self) -> contextlib.AbstractContextManager:
         """Where a forward pass runs: inference mode, under autocast when the profile
