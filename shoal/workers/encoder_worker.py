@@ -62,6 +62,7 @@ from ..queue.payloads import PayloadStore, open_payload_store
 from ..queue.provision import ensure_consumer, ensure_work_stream
 from .adapters import EncoderAdapter, make_adapter
 from .adapters.base import Tokenized
+from .adapters.sentence_transformers import pick_device
 from .batcher import Batcher
 from .cancels import CancelledRequests
 from .held import HeldJob, Unit
@@ -128,7 +129,7 @@ class EncoderWorker:
         self._full_threads = torch.get_num_threads()
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
         device = settings.worker.device
-        budget = settings.worker.memory_budget or int(0.7 * available_memory(_device(device)))
+        budget = settings.worker.memory_budget or int(0.7 * available_memory(pick_device(device)))
         self.residency = Residency(budget, settings.worker.pinned, self._clock)
         self.loader = Loader(
             self.residency,
@@ -689,17 +690,6 @@ class EncoderWorker:
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
         except Exception as exc:
             log.debug("heartbeat failed: %r", exc)
-
-
-def _device(setting: str) -> str:
-    if setting != "auto":
-        return setting
-    try:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
 
 
 def _note_forward(batch: list[Unit], started: float, ended: float, tokens: int) -> None:
