@@ -251,10 +251,15 @@ class EncoderWorker:
         old = lane.spec.profile
         lane.use_profile(spec)
         log.info("profile of %s now %r", lane.model, spec.profile)
-        if spec.profile.dtype != old.dtype and lane.state in ("loading", "resident"):
+        new = spec.profile
+        if (new.dtype, new.engine) != (old.dtype, old.engine) and lane.state in (
+            "loading",
+            "resident",
+        ):
             log.info(
-                "dtype %s of %s takes effect when the model is next loaded",
-                spec.profile.dtype,
+                "dtype %s and engine %s of %s take effect when the model is next loaded",
+                new.dtype,
+                new.engine,
                 lane.model,
             )
         self._signal()

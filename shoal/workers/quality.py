@@ -1,6 +1,6 @@
 """The quality guard for faster precisions: how close a profile's outputs stay to float32.
 
-A profile may serve a model in bf16 (or, later, quantized) only if its vectors stay
+A profile may serve a model in bf16, or through another engine, only if its vectors stay
 close to the float32 ones: `cosine_vs_float32` runs the same texts through the model in
 both precisions, through the same adapter code the worker runs, and returns the worst and
 the mean cosine similarity of the outputs (embed vectors, or classification logits).
@@ -46,8 +46,8 @@ def embed(adapter: EncoderAdapter, texts: Sequence[str], batch: int = 64) -> np.
 def cosine_vs_float32(
     spec: ModelSpec, path: str, texts: Sequence[str], device: str = "cpu"
 ) -> tuple[float, float]:
-    """(worst, mean) cosine between `spec`'s profile and float32 on `texts`."""
-    float32 = msgspec.structs.replace(spec.profile, dtype="float32")
+    """(worst, mean) cosine between `spec`'s profile and float32 torch on `texts`."""
+    float32 = msgspec.structs.replace(spec.profile, dtype="float32", engine="torch")
     exact = make_adapter(msgspec.structs.replace(spec, profile=float32), device)
     fast = make_adapter(spec, device)
     exact.load(path)

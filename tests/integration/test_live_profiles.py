@@ -152,12 +152,15 @@ async def test_a_running_worker_batches_by_a_profile_set_elsewhere(
     assert "stopped serving" not in caplog.text  # the lane was never dropped
 
 
-async def test_a_dtype_change_waits_for_the_next_load(
+async def test_a_dtype_or_engine_change_waits_for_the_next_load(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="shoal.workers.encoder_worker")
     await _start_worker(harness, DummyAdapter(SPEC))
     tuner = await _live_registry(harness.bus)
     await tuner.set_profile(SPEC.id, msgspec.structs.replace(SPEC.profile, dtype="bfloat16"))
-    await _until(lambda: "takes effect when the model is next loaded" in caplog.text)
+    await _until(lambda: "take effect when the model is next loaded" in caplog.text)
+    assert (await harness.embed(["still served"])).shape == (1, 16)
+    await tuner.set_profile(SPEC.id, msgspec.structs.replace(SPEC.profile, engine="openvino"))
+    await _until(lambda: "engine openvino of" in caplog.text)
     assert (await harness.embed(["still served"])).shape == (1, 16)

@@ -6,11 +6,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .base import EncoderAdapter
+
+if TYPE_CHECKING:
+    from ._openvino import OpenVinoGraph
 
 __all__ = ["TorchAdapter", "cpu_has_native_bf16", "runs_natively"]
 
@@ -52,6 +58,7 @@ class TorchAdapter(EncoderAdapter):
     model: torch.nn.Module | None = None
     device: str = "cpu"
     _autocast: torch.dtype | None = None
+    _engine: OpenVinoGraph | None = None
 
     def _set_precision(self, model: torch.nn.Module) -> None:
         """Apply the profile's dtype to a freshly loaded `model` (on `self.device`)."""
@@ -79,13 +86,53 @@ class TorchAdapter(EncoderAdapter):
             stack.enter_context(torch.autocast("cpu", dtype=self._autocast))
         return stack
 
+    def _compile_graph(self, graph: torch.nn.Module, example: Mapping[str, np.ndarray]) -> None:
+        """Hand `graph` (the adapter's main forward, taking `example`'s inputs by name) to
+        the profile's engine; called by `load`. The torch engine needs nothing."""
+        self._engine = None
+        if self.spec.profile.engine == "torch":
+            return
+        if self.device != "cpu":
+            log.warning(
+                "model %s: the openvino engine is for CPUs; serving with torch on %s",
+                self.spec.id,
+                self.device,
+            )
+            return
+        from . import _openvino
+
+        if not _openvino.available():
+            raise RuntimeError(
+                f"model {self.spec.id!r}: engine 'openvino' needs the openvino package "
+                "(pip install 'shoal[encoder]')"
+            )
+        bf16 = self.spec.profile.dtype == "bfloat16" and runs_natively("bfloat16", "cpu")
+        self._engine = _openvino.OpenVinoGraph(graph, example, bf16=bf16)
+
+    def _run(self, graph: torch.nn.Module, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """`graph(**inputs)` as float32 numpy: in the compiled engine when the profile has
+        one and no LoRA adapter is active (the engine holds the base weights only), else
+        in torch. The engine takes the threads the worker gave this forward pass."""
+        if self._engine is not None and not (self.lora and self.lora.active_name):
+            return self._engine(inputs, torch.get_num_threads())
+        with self._compute():
+            tensors = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
+            return graph(**tensors).float().cpu().numpy()
+
     def memory_bytes(self) -> int:
         assert self.model is not None
         tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        weights = sum(t.numel() * t.element_size() for t in tensors)
+        if self._engine is None:
+            return weights
+        # Each compiled copy holds the weights again, in bf16 or float32 (an estimate:
+        # OpenVINO does not report its own memory).
+        share = 0.5 if self._engine.precision == "bf16" else 1.0
+        return weights + int(weights * share * max(1, self._engine.compiled))
 
     def unload(self) -> None:
         self.model = None
+        self._engine = None
         self.lora = None
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -29,6 +29,8 @@ class LoraSlots:
         self.capacity = max(1, capacity)
         self._loaded: OrderedDict[str, str] = OrderedDict()  # name -> path
         self.evictions = 0
+        self.active_name = ""
+        """The adapter of the forward pass running now ("" for the base model)."""
 
     def loaded(self) -> list[str]:
         return list(self._loaded)
@@ -70,6 +72,15 @@ class LoraSlots:
     @contextlib.contextmanager
     def active(self, name: str) -> Iterator[None]:
         """Run the enclosed forward pass with adapter `name`, or the base model for ""."""
+        self.active_name = name
+        try:
+            with self._activate(name):
+                yield
+        finally:
+            self.active_name = ""
+
+    @contextlib.contextmanager
+    def _activate(self, name: str) -> Iterator[None]:
         from peft import PeftModel
 
         module = self._get()

@@ -4,7 +4,8 @@ sentence-transformers loads the model and its module graph (transformer, pooling
 normalize) from the model's own config, so every model it supports pools as its authors
 meant. Shoal does the rest: it tokenizes with the fast tokenizer directly (in a thread,
 overlapping the forward pass), pads each length-sorted batch to its own longest row, and
-calls the module graph under `torch.inference_mode`.
+calls the module graph under `torch.inference_mode`, or, for `embed` with the profile's
+`engine = "openvino"`, the same graph compiled by OpenVINO (see `_openvino`).
 
 `multivector` returns the transformer's token vectors (before pooling), through an
 optional ColBERT-style linear projection stored in the model directory.
@@ -79,6 +80,8 @@ class SentenceTransformerAdapter(TorchAdapter):
             )
         if "multivector" in self.spec.tasks:
             self._load_multivector(Path(path))
+        if "embed" in self.spec.tasks:
+            self._compile_graph(_Pooled(model), self._inputs(np.ones((2, 8), dtype=np.int64)))
 
     def _load_multivector(self, path: Path) -> None:
         from safetensors.torch import load_file
@@ -122,20 +125,21 @@ class SentenceTransformerAdapter(TorchAdapter):
             return self.tokenizer.texts(job.texts, detail=True)
         raise ValueError(f"model {self.spec.id!r} does not serve {type(job).__name__}")
 
+    def _inputs(self, ids: np.ndarray, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask}
+        if self._token_types:
+            inputs["token_type_ids"] = np.zeros_like(ids)
+        return inputs
+
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
         ids, mask, _ = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
-        features = {
-            "input_ids": torch.from_numpy(ids).to(self.device),
-            "attention_mask": torch.from_numpy(mask).to(self.device),
-        }
-        if self._token_types:
-            features["token_type_ids"] = torch.zeros_like(features["input_ids"])
+        inputs = self._inputs(ids, mask)
+        if op == "embed":
+            return self._run(_Pooled(self.model), inputs)
+        features = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
         with self._compute():
-            out = self.model(features)
-            if op == "embed":
-                return out["sentence_embedding"].float().cpu().numpy()
-            tokens = out["token_embeddings"]
+            tokens = self.model(features)["token_embeddings"]
             if self._projection is not None:
                 tokens = self._projection(tokens)
             tokens = tokens.float().cpu().numpy()
@@ -145,3 +149,23 @@ class SentenceTransformerAdapter(TorchAdapter):
             n = len(tok.ids)
             rows.append(tokens[i, width - n :] if self.tokenizer.pad_left else tokens[i, :n])
         return rows
+
+
+class _Pooled(torch.nn.Module):
+    """The model's pooled embedding as a module of named tensors (what a graph compiler
+    traces)."""
+
+    def __init__(self, model: SentenceTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        features = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            features["token_type_ids"] = token_type_ids
+        return self.model(features)["sentence_embedding"]

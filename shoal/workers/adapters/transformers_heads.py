@@ -68,9 +68,19 @@ class TransformersHeadAdapter(TorchAdapter):
             self.token_lengths = np.array([len(t) for t in self.tokenizer.token_strings()])
         self.model = model
         self.lora = LoraSlots(lambda: self.model, self._set_model, self.max_loras)
+        example = np.ones((2, 8), dtype=np.int64)
+        self._compile_graph(_Logits(model), self._inputs(example, example, example))
 
     def _set_model(self, model: torch.nn.Module) -> None:
         self.model = model
+
+    def _inputs(
+        self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if self._token_types:
+            inputs["token_type_ids"] = types
+        return inputs
 
     @property
     def max_length(self) -> int:
@@ -107,14 +117,7 @@ class TransformersHeadAdapter(TorchAdapter):
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
         ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
-        features = {
-            "input_ids": torch.from_numpy(ids).to(self.device),
-            "attention_mask": torch.from_numpy(mask).to(self.device),
-        }
-        if self._token_types:
-            features["token_type_ids"] = torch.from_numpy(types).to(self.device)
-        with self._compute():
-            logits = self.model(**features).logits.float().cpu().numpy()
+        logits = self._run(_Logits(self.model), self._inputs(ids, mask, types))
         if op != "ner":
             return logits
         width = ids.shape[1]
@@ -123,3 +126,22 @@ class TransformersHeadAdapter(TorchAdapter):
             logits[i, width - len(t.ids) :] if left else logits[i, : len(t.ids)]
             for i, t in enumerate(batch)
         ]
+
+
+class _Logits(torch.nn.Module):
+    """The model's logits as a module of named tensors (what a graph compiler traces)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        features = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            features["token_type_ids"] = token_type_ids
+        return self.model(**features).logits
