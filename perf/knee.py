@@ -15,10 +15,12 @@ in separate processes, one after another, in one run on one machine.
 Targets: `shoal` (nats-server, one worker for the workload's model and the gateway
 started here, or `--url` of a running gateway; `--profile` overrides the model's batching
 profile), `shoal-bf16` (the same in bf16: CPU autocast where the CPU has native bf16),
+`shoal-openvino` (bf16 in the OpenVINO engine: its graph compiled for the CPU),
 `naive` (perf/peers/naive_server.py: FastAPI calling `encode` per request; needs the
 `perf` extra; embed only), `infinity-torch` and `infinity-optimum` (infinity-emb 0.0.78 in
 its own venv, made by perf/peers/infinity_venv.sh, serving the same local model with its
-torch engine or ONNX Runtime through optimum; optimum on embed only), `llamacpp`
+torch engine or ONNX Runtime through optimum; optimum on embed only; `infinity-torch-bf16`
+is its torch engine with `--dtype bfloat16`), `llamacpp`
 (llama-cpp-python's server on the same GGUF, built by perf/peers/llamacpp_venv.sh; chat),
 `inprocess` (the library call at its best batch size, without a server: the limit).
 Workloads (perf/workloads.py, from the seeded sets in perf/data): `embed-short`,
@@ -55,7 +57,7 @@ from perf.embed_throughput import load_model, machine  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
 from perf.workloads import WORKLOADS, Workload, reranker_dir, task_models_spec  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
-from shoal.tune.knee import REQUEST_TIMEOUT, Load, Step, describe, find_knee  # noqa: E402
+from shoal.tune.knee import Load, Step, describe, find_knee  # noqa: E402
 from tests.helpers import GEN_MODEL, MODEL, wait_until  # noqa: E402
 
 FRACTIONS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
@@ -85,19 +87,17 @@ async def measure_server(
 ) -> TargetResult:
     result = TargetResult(target=name)
     load = workload_load(base, workload)
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
-        if reference is not None:
+    if reference is not None:
+        async with load.client() as client:
             result.cosine_min = await _cosine_min(client, load.url, workload, reference)
-        knee = await find_knee(
-            client,
-            load,
-            fractions=FRACTIONS,
-            step_seconds=args.step_seconds,
-            p99_bound=args.p99_bound,
-            probe_seconds=args.probe_seconds,
-            on_step=lambda step: print(f"  {name}: {describe(step, workload.unit)}", flush=True),
-        )
+    knee = await find_knee(
+        load,
+        fractions=FRACTIONS,
+        step_seconds=args.step_seconds,
+        p99_bound=args.p99_bound,
+        probe_seconds=args.probe_seconds,
+        on_step=lambda step: print(f"  {name}: {describe(step, workload.unit)}", flush=True),
+    )
     result.capacity_rps, result.steps = knee.capacity_rps, knee.steps
     result.knee_tps, result.p50_at_half_knee_ms = knee.knee_tps, knee.p50_at_half_knee_ms
     return result
@@ -167,7 +167,7 @@ def naive_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def infinity_server(engine: str, workload: Workload) -> Iterator[str]:
+def infinity_server(engine: str, workload: Workload, dtype: str = "auto") -> Iterator[str]:
     """Infinity (perf/peers/infinity_venv.sh makes its venv) on the same local model (for
     `rerank`, the same cross-encoder directory: Infinity reads its head from the config).
 
@@ -196,6 +196,7 @@ def infinity_server(engine: str, workload: Workload) -> Iterator[str]:
         "--model-id", model_id,
         "--served-model-name", workload.model,
         "--engine", engine,
+        "--dtype", dtype,
         "--device", "cpu",
         "--host", "127.0.0.1",
         "--port", str(port),
@@ -398,8 +399,12 @@ def main(argv: list[str]) -> None:
         "shoal-bf16": lambda: shoal_server(
             args.url, {**args.profile, "dtype": "bfloat16"}, workload
         ),
+        "shoal-openvino": lambda: shoal_server(
+            args.url, {**args.profile, "dtype": "bfloat16", "engine": "openvino"}, workload
+        ),
         "naive": naive_server,
         "infinity-torch": lambda: infinity_server("torch", workload),
+        "infinity-torch-bf16": lambda: infinity_server("torch", workload, dtype="bfloat16"),
         "infinity-optimum": lambda: infinity_server("optimum", workload),
         "llamacpp": lambda: llamacpp_server(workload),
     }
