@@ -82,7 +82,7 @@ def write_report(result: TuneResult, out_dir: Path, workload: str) -> tuple[Path
         "score": result.score(result.winner),
         "default_score": result.score(result.default),
         "gain_over_default": result.gain,
-        "bf16_cosine_to_float32": result.quality,
+        "cosine_to_float32": result.quality,
         "trials": [
             {
                 "candidate": t.candidate,

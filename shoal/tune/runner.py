@@ -2,11 +2,13 @@
 
 A private stack on loopback (nats-server, one worker for MODEL, one gateway) serves the
 model the way production does. Each candidate profile is set through the live registry,
-so the same encoder worker picks it up without a restart (a dtype change restarts it:
-weights are cast at load), and is measured with the knee method (`knee.find_knee`):
+so the same encoder worker picks it up without a restart (a dtype or engine change
+restarts it: both are fixed at load), and is measured with the knee method (`knee.find_knee`):
 throughput where the worker stops keeping up, and latency there. `search.search` chooses
 which candidates to spend the budget on. bf16 is a candidate only where it is fast (a
-GPU, or a CPU with native bf16) and keeps every vector within `QUALITY_FLOOR` of float32.
+GPU, or a CPU with native bf16) and keeps every vector within `QUALITY_FLOOR` of float32
+in every engine searched; the OpenVINO engine is a candidate on a CPU where it is
+installed.
 
 Generation models are tuned on the sequences decoded together (`max_batch_items`, the
 continuous batch): the generation worker sizes its runtime at load, so each candidate
@@ -65,7 +67,8 @@ class TuneResult:
     profile: BatchProfile
     """The winning profile, complete."""
     quality: dict[str, float] | None
-    """bf16's worst and mean cosine to float32, when it was checked."""
+    """Worst and mean cosine to float32 torch over the dtypes and engines checked (bf16,
+    OpenVINO) before the search, when any was."""
     elapsed_s: float
     unit: str
     """What the score counts per second: texts (embeddings) or tokens (generation)."""
@@ -86,7 +89,12 @@ class TuneResult:
         return self.score(self.winner) / default if default else 0.0
 
 
-def knobs_for(profile: BatchProfile, cores: int, dtypes: tuple[str, ...]) -> list[Knob]:
+def knobs_for(
+    profile: BatchProfile,
+    cores: int,
+    dtypes: tuple[str, ...],
+    engines: tuple[str, ...] = ("torch",),
+) -> list[Knob]:
     """The encoder knobs worth searching, around `profile`."""
     threads = sorted({1, max(1, cores // 2), cores} | ({profile.threads} - {0}))
     return [
@@ -95,6 +103,7 @@ def knobs_for(profile: BatchProfile, cores: int, dtypes: tuple[str, ...]) -> lis
         Knob("max_wait_ms", (0.0, 1.0, 2.0, 5.0, 10.0)),
         Knob("threads", tuple(threads)),
         Knob("dtype", dtypes, restart=True),
+        Knob("engine", engines, restart=True),
     ]
 
 
@@ -114,6 +123,7 @@ def _candidate(profile: BatchProfile, cores: int, generate: bool) -> dict[str, A
         "max_wait_ms": profile.max_wait_ms,
         "threads": profile.threads or cores,
         "dtype": profile.dtype,
+        "engine": profile.engine,
     }
 
 
@@ -241,15 +251,52 @@ def _fast_dtypes(settings: Settings) -> tuple[str, ...]:
     return tuple(d for d in ("float32", "bfloat16") if runs_natively(d, device))
 
 
-def _bf16_quality(settings: Settings, spec: ModelSpec, sample: list[str]) -> dict[str, float]:
+def _engines(settings: Settings) -> tuple[str, ...]:
+    """OpenVINO joins torch on a CPU where it is installed."""
+    from ..workers.adapters import _openvino
+    from ..workers.adapters.sentence_transformers import pick_device
+
+    on_cpu = pick_device(settings.worker.device) == "cpu"
+    return ("torch", "openvino") if on_cpu and _openvino.available() else ("torch",)
+
+
+def _quality(
+    settings: Settings, spec: ModelSpec, sample: list[str], dtype: str, engine: str
+) -> tuple[float, float]:
+    """Worst and mean cosine to float32 torch of `spec` in `dtype` on `engine`."""
     from ..workers.quality import cosine_vs_float32
 
-    bf16 = msgspec.structs.replace(
-        spec, profile=msgspec.structs.replace(spec.profile, dtype="bfloat16")
-    )
     path = resolve_source(spec, SourceResolver(Path(settings.data_dir) / "cache", settings.s3))
-    worst, mean = cosine_vs_float32(bf16, path, sample)
-    return {"worst": worst, "mean": mean}
+    profile = msgspec.structs.replace(spec.profile, dtype=dtype, engine=engine)
+    return cosine_vs_float32(msgspec.structs.replace(spec, profile=profile), path, sample)
+
+
+def _guarded(
+    settings: Settings,
+    spec: ModelSpec,
+    sample: list[str],
+    dtypes: tuple[str, ...],
+    engines: tuple[str, ...],
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, float] | None]:
+    """The dtypes and engines whose vectors stay within `QUALITY_FLOOR` of float32 torch
+    (the spec's own always stay), and the worst and mean cosine of those checked."""
+    from ..workers.quality import QUALITY_FLOOR
+
+    checked = []
+    for engine in engines:
+        if engine != spec.profile.engine:
+            checked.append(score := _quality(settings, spec, sample, "float32", engine))
+            if score[0] < QUALITY_FLOOR:
+                engines = tuple(e for e in engines if e != engine)
+    if "bfloat16" in dtypes and spec.profile.dtype != "bfloat16":
+        scores = [_quality(settings, spec, sample, "bfloat16", engine) for engine in engines]
+        checked += scores
+        if min(scores)[0] < QUALITY_FLOOR:
+            dtypes = tuple(d for d in dtypes if d != "bfloat16")
+    if not checked:
+        return dtypes, engines, None
+    worst, mean = min(checked)
+    return dtypes, engines, {"worst": worst, "mean": mean}
 
 
 async def tune(
@@ -289,15 +336,11 @@ async def tune(
         knobs = GENERATION_KNOBS
     else:
         dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(settings)
-        if "bfloat16" in dtypes and spec.profile.dtype != "bfloat16":
-            from ..workers.quality import QUALITY_FLOOR
-
-            quality = _bf16_quality(settings, spec, sample[:128])
-            if quality["worst"] < QUALITY_FLOOR:
-                dtypes = ("float32",)
+        engines = tuple(dict.fromkeys((spec.profile.engine, *_engines(settings))))
+        dtypes, engines, quality = _guarded(settings, spec, sample[:128], dtypes, engines)
         if spec.profile.dtype not in dtypes:
             dtypes = (*dtypes, spec.profile.dtype)
-        knobs = knobs_for(spec.profile, cores, dtypes)
+        knobs = knobs_for(spec.profile, cores, dtypes, engines)
 
     run_dir = Path(tempfile.mkdtemp(prefix="shoal-tune-"))
     stack = _Stack(settings, spec, run_dir)
@@ -315,15 +358,14 @@ async def tune(
 
             async def measure(candidate: dict[str, Any]) -> tuple[float, Knee]:
                 profile = _profile(spec.profile, candidate)
-                # Restart for what a worker fixes at load: the dtype of its weights, the
-                # slots of a generation runtime.
+                # Restart for what a worker fixes at load: the dtype of its weights, its
+                # engine, the slots of a generation runtime.
                 restart = any(candidate[k.name] != served[k.name] for k in knobs if k.restart)
                 await stack.apply(profile, restart)
                 served.update(candidate)
                 if restart:
                     await stack.wait_served(load, client)
                 knee = await find_knee(
-                    client,
                     load,
                     fractions=FRACTIONS,
                     # A chat answer takes seconds: a short step would count only a few, and
