@@ -18,6 +18,7 @@ restarts it. Their unit is generated tokens, their load short chat turns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -30,6 +31,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import numpy as np
 
 from ..config import Settings
 from ..model_registry import BatchProfile, LiveRegistry, ModelRegistry, ModelSpec
@@ -241,34 +243,19 @@ def _chat_load(base: str, model: str, sample: list[str]) -> Load:
     return Load(f"{base}/v1/chat/completions", bodies, CHAT_MAX_TOKENS, count)
 
 
-def _fast_dtypes(settings: Settings) -> tuple[str, ...]:
+def _fast_dtypes(device: str) -> tuple[str, ...]:
     """bf16 joins float32 where the worker would serve it as asked (a GPU, or a CPU with
     native bf16)."""
     from ..workers.adapters._torch import runs_natively
-    from ..workers.adapters.sentence_transformers import pick_device
 
-    device = pick_device(settings.worker.device)
     return tuple(d for d in ("float32", "bfloat16") if runs_natively(d, device))
 
 
-def _engines(settings: Settings) -> tuple[str, ...]:
+def _engines(device: str) -> tuple[str, ...]:
     """OpenVINO joins torch on a CPU where it is installed."""
     from ..workers.adapters import _openvino
-    from ..workers.adapters.sentence_transformers import pick_device
 
-    on_cpu = pick_device(settings.worker.device) == "cpu"
-    return ("torch", "openvino") if on_cpu and _openvino.available() else ("torch",)
-
-
-def _quality(
-    settings: Settings, spec: ModelSpec, sample: list[str], dtype: str, engine: str
-) -> tuple[float, float]:
-    """Worst and mean cosine to float32 torch of `spec` in `dtype` on `engine`."""
-    from ..workers.quality import cosine_vs_float32
-
-    path = resolve_source(spec, SourceResolver(Path(settings.data_dir) / "cache", settings.s3))
-    profile = msgspec.structs.replace(spec.profile, dtype=dtype, engine=engine)
-    return cosine_vs_float32(msgspec.structs.replace(spec, profile=profile), path, sample)
+    return ("torch", "openvino") if device == "cpu" and _openvino.available() else ("torch",)
 
 
 def _guarded(
@@ -280,16 +267,29 @@ def _guarded(
 ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, float] | None]:
     """The dtypes and engines whose vectors stay within `QUALITY_FLOOR` of float32 torch
     (the spec's own always stay), and the worst and mean cosine of those checked."""
-    from ..workers.quality import QUALITY_FLOOR
+    from ..workers.quality import QUALITY_FLOOR, cosine_to, float32_vectors
+
+    @functools.cache
+    def reference() -> tuple[str, np.ndarray]:
+        """The model's files and its float32 vectors: found and computed once, and only
+        when something is checked."""
+        cache = SourceResolver(Path(settings.data_dir) / "cache", settings.s3)
+        path = resolve_source(spec, cache)
+        return path, float32_vectors(spec, path, sample)
+
+    def quality(dtype: str, engine: str) -> tuple[float, float]:
+        path, vectors = reference()
+        profile = msgspec.structs.replace(spec.profile, dtype=dtype, engine=engine)
+        return cosine_to(vectors, msgspec.structs.replace(spec, profile=profile), path, sample)
 
     checked = []
     for engine in engines:
         if engine != spec.profile.engine:
-            checked.append(score := _quality(settings, spec, sample, "float32", engine))
+            checked.append(score := quality("float32", engine))
             if score[0] < QUALITY_FLOOR:
                 engines = tuple(e for e in engines if e != engine)
     if "bfloat16" in dtypes and spec.profile.dtype != "bfloat16":
-        scores = [_quality(settings, spec, sample, "bfloat16", engine) for engine in engines]
+        scores = [quality("bfloat16", engine) for engine in engines]
         checked += scores
         if min(scores)[0] < QUALITY_FLOOR:
             dtypes = tuple(d for d in dtypes if d != "bfloat16")
@@ -335,8 +335,11 @@ async def tune(
     if generate:
         knobs = GENERATION_KNOBS
     else:
-        dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(settings)
-        engines = tuple(dict.fromkeys((spec.profile.engine, *_engines(settings))))
+        from ..workers.adapters.sentence_transformers import pick_device
+
+        device = pick_device(settings.worker.device)
+        dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(device)
+        engines = tuple(dict.fromkeys((spec.profile.engine, *_engines(device))))
         dtypes, engines, quality = _guarded(settings, spec, sample[:128], dtypes, engines)
         if spec.profile.dtype not in dtypes:
             dtypes = (*dtypes, spec.profile.dtype)

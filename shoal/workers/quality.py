@@ -17,7 +17,7 @@ from ..model_registry import ModelSpec
 from ..queue.messages import EmbedJob
 from .adapters import EncoderAdapter, make_adapter
 
-__all__ = ["QUALITY_FLOOR", "cosine_vs_float32", "embed"]
+__all__ = ["QUALITY_FLOOR", "cosine_to", "cosine_vs_float32", "embed", "float32_vectors"]
 
 QUALITY_FLOOR = 0.99
 """Least cosine similarity to float32 a faster precision must keep on every text."""
@@ -43,15 +43,30 @@ def embed(adapter: EncoderAdapter, texts: Sequence[str], batch: int = 64) -> np.
     return out
 
 
+def float32_vectors(
+    spec: ModelSpec, path: str, texts: Sequence[str], device: str = "cpu"
+) -> np.ndarray:
+    """`texts` through `spec` in float32 torch: what every faster profile is held to."""
+    float32 = msgspec.structs.replace(spec.profile, dtype="float32", engine="torch")
+    exact = make_adapter(msgspec.structs.replace(spec, profile=float32), device)
+    exact.load(path)
+    return embed(exact, texts)
+
+
+def cosine_to(
+    reference: np.ndarray, spec: ModelSpec, path: str, texts: Sequence[str], device: str = "cpu"
+) -> tuple[float, float]:
+    """(worst, mean) cosine between `spec`'s profile on `texts` and `reference` (their
+    `float32_vectors`)."""
+    fast = make_adapter(spec, device)
+    fast.load(path)
+    a, b = reference, embed(fast, texts)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(cos.min()), float(cos.mean())
+
+
 def cosine_vs_float32(
     spec: ModelSpec, path: str, texts: Sequence[str], device: str = "cpu"
 ) -> tuple[float, float]:
     """(worst, mean) cosine between `spec`'s profile and float32 torch on `texts`."""
-    float32 = msgspec.structs.replace(spec.profile, dtype="float32", engine="torch")
-    exact = make_adapter(msgspec.structs.replace(spec, profile=float32), device)
-    fast = make_adapter(spec, device)
-    exact.load(path)
-    fast.load(path)
-    a, b = embed(exact, texts), embed(fast, texts)
-    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    return float(cos.min()), float(cos.mean())
+    return cosine_to(float32_vectors(spec, path, texts, device), spec, path, texts, device)
