@@ -144,40 +144,47 @@ async def search(
         expected = sum(t.seconds for t in trials) / len(trials)
         return clock() - start + expected <= budget_s
 
-    def better(score: float, than: float) -> bool:
-        return score > than * (1.0 + min_gain) and score > 0.0
-
     incumbent = await run(dict(default), "default")
 
-    # Coarse: one knob at a time, cheap knobs first, others at the incumbent.
-    for knob in (*cheap, *costly):
-        for value in _spread(knob.values):
-            candidate = {**incumbent.candidate, knob.name: value}
-            if _key(candidate) in seen:
-                continue
-            if not fits():
-                return trials
-            trial = await run(candidate, "coarse")
-            if better(trial.score, incumbent.score):
-                incumbent = trial
+    async def improves(candidate: Candidate, phase: str) -> bool:
+        """Measure `candidate` unless it was measured before; whether it beat the
+        incumbent by more than `min_gain` (it is then the incumbent). Raises
+        `_BudgetSpent` when another trial would not fit."""
+        nonlocal incumbent
+        if _key(candidate) in seen:
+            return False
+        if not fits():
+            raise _BudgetSpent
+        trial = await run(candidate, phase)
+        if trial.score <= 0.0 or trial.score <= incumbent.score * (1.0 + min_gain):
+            return False
+        incumbent = trial
+        return True
 
-    # Refine: first-improvement hill-climb. `directions` holds each knob's last improving
-    # step (-1/+1), `recent` the cheap knob that moved in the last improvement.
-    directions: dict[str, int] = {}
-    recent: str | None = None
-    while True:
-        for candidate in _moves(incumbent.candidate, cheap, costly, directions, recent):
-            if _key(candidate) in seen:
-                continue
-            if not fits():
+    try:
+        # Coarse: one knob at a time, cheap knobs first, others at the incumbent.
+        for knob in (*cheap, *costly):
+            for value in _spread(knob.values):
+                await improves({**incumbent.candidate, knob.name: value}, "coarse")
+
+        # Refine: first-improvement hill-climb. `directions` holds each knob's last
+        # improving step (-1/+1), `recent` the cheap knob that moved in the last one.
+        directions: dict[str, int] = {}
+        recent: str | None = None
+        while True:
+            at = incumbent.candidate
+            for candidate in _moves(at, cheap, costly, directions, recent):
+                if await improves(candidate, "refine"):
+                    recent = _remember(directions, at, candidate, cheap, costly)
+                    break
+            else:
                 return trials
-            trial = await run(candidate, "refine")
-            if better(trial.score, incumbent.score):
-                recent = _remember(directions, incumbent.candidate, candidate, cheap, costly)
-                incumbent = trial
-                break
-        else:
-            return trials
+    except _BudgetSpent:
+        return trials
+
+
+class _BudgetSpent(Exception):
+    """Another trial would not fit in the search's budget."""
 
 
 def _check(knobs: Sequence[Knob], default: Candidate, min_gain: float) -> None:
