@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -117,8 +115,7 @@ def _record(pids: dict[str, int], seconds: float, out: Path) -> list[subprocess.
 
 
 async def _drive(load_: Load, fraction: float, seconds: float, pids: dict[str, int], out: Path):
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(timeout=30.0, limits=limits) as client:
+    async with load_.client() as client:
         await load_.probe(client, 3.0, 8)  # warm up
         capacity = await load_.probe(client, 5.0, 16)
         recorders = _record(pids, seconds, out)

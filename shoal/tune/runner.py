@@ -347,14 +347,13 @@ async def tune(
 
     run_dir = Path(tempfile.mkdtemp(prefix="shoal-tune-"))
     stack = _Stack(settings, spec, run_dir)
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     try:
-        async with httpx.AsyncClient(timeout=30.0, limits=limits) as client:
-            await stack.start()
-            if generate:
-                load = _chat_load(stack.base, spec.id, sample)
-            else:
-                load = _embed_load(stack.base, spec.id, sample, per_request)
+        await stack.start()
+        if generate:
+            load = _chat_load(stack.base, spec.id, sample)
+        else:
+            load = _embed_load(stack.base, spec.id, sample, per_request)
+        async with load.client() as client:
             await stack.wait_served(load, client)
             default = _candidate(spec.profile, cores, generate)
             served = dict(default)
