@@ -194,16 +194,15 @@ async def find_knee(
     until two steps have not kept up; with `half_knee`, one more step at half the knee's
     request rate measures p50 below the knee.
 
-    Each phase gets its own client: httpx's pool keeps every connection an overloaded
-    step opened, and its bookkeeping over them then costs the load generator most of a
-    core on every later request (measured: a step at 0.8x capacity after one at 1.3x
-    answered half its load with a p50 of 5 s, the generator at 0.88 cores, the server
-    idle; with a fresh client, all of it at 62 ms).
+    Each step gets its own client (the closed-loop probes share one): httpx's pool keeps
+    every connection an overloaded step opened, and its bookkeeping over them then costs
+    the load generator most of a core on every later request (measured: a step at 0.8x
+    capacity after one at 1.3x answered half its load with a p50 of 5 s, the generator
+    at 0.88 cores, the server idle; with a fresh client, all of it at 62 ms).
     """
     knee = Knee()
-    async with load.client() as client:
+    async with load.client() as client:  # closed loops: never more than 16 connections
         await load.probe(client, warmup_seconds, 8)  # model resident, connections open
-    async with load.client() as client:
         knee.capacity_rps = await load.probe(client, probe_seconds, 16)
     over = 0
     shares = list(fractions)
