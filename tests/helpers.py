@@ -254,6 +254,12 @@ class S3Server:
             self._log.close()
 
 
+def hears_of(base: str, model: str) -> bool:
+    """Whether a gateway has heard from a worker serving `model` (/ready is public, so
+    this works with API keys configured)."""
+    return model in httpx.get(f"{base}/ready", timeout=5).json()["ready_models"]
+
+
 def model_ready(base: str, model: str) -> bool:
     """Whether `/v1/models` says a live worker has `model` loaded."""
     try:

@@ -34,6 +34,8 @@ __all__ = [
     "Admission",
     "AdmissionMiddleware",
     "UsageMeter",
+    "caller_name",
+    "caller_scope",
     "current_principal",
     "current_usage",
     "meter_usage",
@@ -78,6 +80,19 @@ current_principal: contextvars.ContextVar[Principal | None] = contextvars.Contex
 current_usage: contextvars.ContextVar[UsageMeter | None] = contextvars.ContextVar(
     "shoal_usage", default=None
 )
+
+
+def caller_name() -> str:
+    """The current caller's key name, which owns what it creates ("" without keys)."""
+    principal = current_principal.get()
+    return "" if principal is None else principal.name
+
+
+def caller_scope() -> str | None:
+    """Whose files and batches the current caller sees: its own (its key's name), or
+    everyone's (None) without keys or with an admin key."""
+    principal = current_principal.get()
+    return None if principal is None or principal.admin else principal.name
 
 
 def meter_usage(tokens: int) -> None:

@@ -19,9 +19,21 @@ from ..compat.openai.files import PURPOSES, FileDeleted, FileList, FileObject
 from ..queue.nats import NatsKeyValue
 from ..queue.objects import ObjectNotFoundError, ObjectStore, ObjectStoreError
 
-__all__ = ["FileStore", "new_id", "valid_id"]
+__all__ = ["FileRecord", "FileStore", "new_id", "valid_id"]
 
-_decode = msgspec.json.Decoder(FileObject).decode
+
+class FileRecord(FileObject, kw_only=True):
+    """A file as stored: the public object and the API key that owns it."""
+
+    owner: str = ""
+    """The name of the key that made it ("" without keys, and for files stored before
+    owners were recorded: only admin keys see those once keys are configured)."""
+
+    def public(self) -> FileObject:
+        return FileObject(**{f: getattr(self, f) for f in FileObject.__struct_fields__})
+
+
+_decode = msgspec.json.Decoder(FileRecord).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -45,14 +57,23 @@ def _object_key(file_id: str) -> str:
 
 
 class FileStore:
+    """Files by id. Every reading method takes `scope`: the owner whose files the caller
+    may see (None: every file). Another owner's file is "not found", exactly as a missing
+    one, so ids leak nothing."""
+
     def __init__(self, kv: NatsKeyValue, objects: ObjectStore) -> None:
         self._kv = kv
         self.objects = objects
 
     async def add(
-        self, filename: str, purpose: str, chunks: AsyncIterable[bytes], file_id: str = ""
+        self,
+        filename: str,
+        purpose: str,
+        chunks: AsyncIterable[bytes],
+        file_id: str = "",
+        owner: str = "",
     ) -> FileObject:
-        """Stream `chunks` into the store and record the file.
+        """Stream `chunks` into the store and record the file as `owner`'s.
 
         Raises:
             UnavailableError: the object store cannot be written.
@@ -67,27 +88,42 @@ class FileStore:
             size = await self.objects.put(_object_key(file_id), chunks)
         except ObjectStoreError as exc:
             raise UnavailableError(f"The file store cannot be written: {exc}") from exc
-        record = FileObject(
+        record = FileRecord(
             id=file_id,
             bytes=size,
             created_at=int(time.time()),
             filename=filename,
             purpose=purpose,  # type: ignore[arg-type]
+            owner=owner,
         )
         await self._kv.put(file_id, _encode(record))
+        return record.public()
+
+    async def get(self, file_id: str, scope: str | None = None) -> FileObject:
+        """Raises NotFoundError (also for a file outside `scope`)."""
+        return (await self._record(file_id, scope)).public()
+
+    async def _record(self, file_id: str, scope: str | None) -> FileRecord:
+        entry = await self._kv.get(file_id) if valid_id(file_id) else None
+        record = None if entry is None else _decode(entry[0])
+        if record is None or (scope is not None and record.owner != scope):
+            raise NotFoundError(f"No such file: '{file_id}'", param="file_id")
         return record
 
-    async def get(self, file_id: str) -> FileObject:
-        """Raises NotFoundError."""
-        entry = await self._kv.get(file_id) if valid_id(file_id) else None
-        if entry is None:
-            raise NotFoundError(f"No such file: '{file_id}'", param="file_id")
-        return _decode(entry[0])
-
     async def list(
-        self, purpose: str | None = None, limit: int = 10_000, order: str = "desc", after: str = ""
+        self,
+        purpose: str | None = None,
+        limit: int = 10_000,
+        order: str = "desc",
+        after: str = "",
+        scope: str | None = None,
     ) -> FileList:
-        records = [await self.get(key) for key in await self._kv.keys()]
+        records: list[FileObject] = []
+        for key in await self._kv.keys():
+            try:
+                records.append(await self.get(key, scope))
+            except NotFoundError:  # deleted meanwhile, or another key's
+                continue
         records = [r for r in records if purpose is None or r.purpose == purpose]
         records.sort(key=lambda r: (r.created_at, r.id), reverse=order != "asc")
         if after:
@@ -101,9 +137,9 @@ class FileStore:
             last_id=page[-1].id if page else None,
         )
 
-    async def content(self, file_id: str) -> AsyncIterator[bytes]:
+    async def content(self, file_id: str, scope: str | None = None) -> AsyncIterator[bytes]:
         """The file's bytes, streamed. Raises NotFoundError before the first chunk."""
-        await self.get(file_id)
+        await self.get(file_id, scope)
         chunks = self.objects.get(_object_key(file_id))
         try:
             first = await anext(chunks, b"")
@@ -113,8 +149,8 @@ class FileStore:
             raise UnavailableError(f"The file store cannot be read: {exc}") from exc
         return _prepend(first, chunks)
 
-    async def delete(self, file_id: str) -> FileDeleted:
-        await self.get(file_id)
+    async def delete(self, file_id: str, scope: str | None = None) -> FileDeleted:
+        await self.get(file_id, scope)
         try:
             await self.objects.delete(_object_key(file_id))
         except ObjectStoreError as exc:

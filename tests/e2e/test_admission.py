@@ -24,6 +24,7 @@ from tests.helpers import (
     GEN_MODEL,
     MODEL,
     ShoalProcess,
+    hears_of,
     metric_samples,
     metric_value,
     shoal_env,
@@ -83,15 +84,10 @@ def secured(
     }
     gateway, base = start_gateway(session_nats.url, data, env)
     try:
-        wait_until(lambda: _serves(base, MODEL), 60, gateway, f"{MODEL} on the secured gateway")
+        wait_until(lambda: hears_of(base, MODEL), 60, gateway, f"{MODEL} on the secured gateway")
         yield base, gateway
     finally:
         gateway.stop()
-
-
-def _serves(base: str, model: str) -> bool:
-    """Whether this gateway has heard from a worker serving `model` (/ready is public)."""
-    return model in httpx.get(f"{base}/ready", timeout=5).json()["ready_models"]
 
 
 def client(base: str, key: str) -> openai.OpenAI:

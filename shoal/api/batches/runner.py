@@ -232,6 +232,7 @@ class _BatchRun:
                 "batch_output",
                 _aiter(lines),
                 file_id=f"file-{self.id}-errors",
+                owner=self.creator,
             )
             await self._update(
                 status="failed",
@@ -461,6 +462,7 @@ class _BatchRun:
                 "batch_output",
                 self._output_lines(ok=True, expired=False),
                 file_id=f"file-{self.id}-output",
+                owner=self.creator,
             )
             output_id = output.id
         if self.counts.failed:
@@ -469,6 +471,7 @@ class _BatchRun:
                 "batch_output",
                 self._output_lines(ok=False, expired=expired_lines > 0),
                 file_id=f"file-{self.id}-errors",
+                owner=self.creator,
             )
             error_id = errors.id
         now = int(time.time())

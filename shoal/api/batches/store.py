@@ -30,8 +30,8 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     epoch: int = 0
     """Claims so far; part names carry it so two owners never write the same part."""
     creator: str = ""
-    """The name of the API key that created it ("" without keys): its lines run with
-    that key's model allowlist."""
+    """The name of the API key that created it ("" without keys): it owns the batch and
+    its output files, and the lines run with that key's model allowlist."""
 
     @property
     def final(self) -> bool:
@@ -39,6 +39,10 @@ class BatchRecord(msgspec.Struct, kw_only=True):
 
     def claimable(self, now: float) -> bool:
         return not self.final and (not self.owner or self.lease_until < now)
+
+
+def _within(record: BatchRecord, scope: str | None) -> bool:
+    return scope is None or record.creator == scope
 
 
 class LeaseLostError(Exception):
@@ -50,16 +54,19 @@ _encode = msgspec.json.Encoder().encode
 
 
 class BatchStore:
+    """Batch records by id. Reading methods take `scope`: the creator whose batches the
+    caller may see (None: every batch); another's batch is "not found", as a missing one."""
+
     def __init__(self, kv: NatsKeyValue) -> None:
         self._kv = kv
 
     async def create(self, record: BatchRecord) -> None:
         await self._kv.create(record.batch.id, _encode(record))
 
-    async def get(self, batch_id: str) -> BatchRecord:
-        """Raises NotFoundError."""
+    async def get(self, batch_id: str, scope: str | None = None) -> BatchRecord:
+        """Raises NotFoundError (also for a batch outside `scope`)."""
         entry = await self._read(batch_id)
-        if entry is None:
+        if entry is None or not _within(entry[0], scope):
             raise NotFoundError(f"No such batch: '{batch_id}'", param="batch_id")
         return entry[0]
 
@@ -119,19 +126,25 @@ class BatchStore:
             return None
         return claimed
 
-    async def list(self, limit: int = 20, after: str = "") -> BatchList:
-        """Newest first (ids sort by creation time), OpenAI's cursor pagination."""
+    async def list(self, limit: int = 20, after: str = "", scope: str | None = None) -> BatchList:
+        """Newest first (ids sort by creation time), OpenAI's cursor pagination, over the
+        batches within `scope`."""
         ids = sorted(await self._kv.keys(), reverse=True)
         if after:
             ids = [i for i in ids if i < after]
-        page = []
-        for batch_id in ids[:limit]:
+        page: list[Batch] = []
+        has_more = False
+        for batch_id in ids:
             entry = await self._read(batch_id)
-            if entry is not None:
-                page.append(entry[0].batch)
+            if entry is None or not _within(entry[0], scope):
+                continue
+            if len(page) == limit:
+                has_more = True
+                break
+            page.append(entry[0].batch)
         return BatchList(
             data=page,
-            has_more=len(ids) > limit,
+            has_more=has_more,
             first_id=page[0].id if page else None,
             last_id=page[-1].id if page else None,
         )

@@ -11,7 +11,7 @@ from litestar.params import Parameter
 
 from ...compat.errors import ConflictError, InvalidRequestError, NotFoundError
 from ...compat.openai.batches import FINAL_STATES, Batch, BatchList, CreateBatchRequest
-from ..admission import current_principal
+from ..admission import caller_name, caller_scope
 from ..batches.runner import completion_window_seconds
 from ..batches.store import BatchRecord
 from ..endpoints import BATCH_ENDPOINTS
@@ -46,7 +46,7 @@ class BatchesController(Controller):
                 param="completion_window",
             )
         try:
-            source = await runtime.files.get(data.input_file_id)
+            source = await runtime.files.get(data.input_file_id, caller_scope())
         except NotFoundError:
             raise InvalidRequestError(
                 f"No such file: '{data.input_file_id}'",
@@ -70,9 +70,7 @@ class BatchesController(Controller):
             expires_at=now + window,
             metadata=data.metadata,
         )
-        principal = current_principal.get()
-        creator = principal.name if principal is not None else ""
-        await runtime.batches.create(BatchRecord(batch=batch, creator=creator))
+        await runtime.batches.create(BatchRecord(batch=batch, creator=caller_name()))
         return batch
 
     @get(summary="List batches, newest first", responses=RESOURCE_ERRORS)
@@ -82,11 +80,11 @@ class BatchesController(Controller):
         limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
         after: str | None = None,
     ) -> BatchList:
-        return await runtime.batches.list(limit, after or "")
+        return await runtime.batches.list(limit, after or "", caller_scope())
 
     @get("/{batch_id:str}", summary="Retrieve a batch", responses=RESOURCE_ERRORS)
     async def retrieve(self, batch_id: str, runtime: RuntimeDep) -> Batch:
-        return (await runtime.batches.get(batch_id)).batch
+        return (await runtime.batches.get(batch_id, caller_scope())).batch
 
     @post(
         "/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch", responses=CHANGE_ERRORS
@@ -101,6 +99,7 @@ class BatchesController(Controller):
             )
             return msgspec.structs.replace(record, batch=batch)
 
+        await runtime.batches.get(batch_id, caller_scope())  # another key's: not found
         record = await runtime.batches.change(batch_id, cancelling)
         if record.batch.status in ("completed", "failed", "expired", "finalizing"):
             raise ConflictError(

@@ -10,6 +10,7 @@ from litestar.response import Stream
 
 from ...compat.errors import InvalidRequestError
 from ...compat.openai.files import FileDeleted, FileList, FileObject
+from ..admission import caller_name, caller_scope
 from ..runtime import RuntimeDep
 from ..uploads import receive_upload
 from ._openapi import RESOURCE_ERRORS, error_responses
@@ -34,9 +35,10 @@ class FilesController(Controller):
     async def upload(self, request: Request, runtime: RuntimeDep) -> FileObject:
         files = runtime.files
         fields: dict[str, str] = {}
+        owner = caller_name()
 
         async def store(filename: str, chunks) -> FileObject:
-            return await files.add(filename, fields.get("purpose", "batch"), chunks)
+            return await files.add(filename, fields.get("purpose", "batch"), chunks, owner=owner)
 
         stored = await receive_upload(
             request.stream(),
@@ -67,11 +69,11 @@ class FilesController(Controller):
         order: Annotated[str, Parameter(pattern="^(asc|desc)$")] = "desc",
         after: str | None = None,
     ) -> FileList:
-        return await runtime.files.list(purpose, limit, order, after or "")
+        return await runtime.files.list(purpose, limit, order, after or "", caller_scope())
 
     @get("/{file_id:str}", summary="Retrieve a file's metadata", responses=RESOURCE_ERRORS)
     async def retrieve(self, file_id: str, runtime: RuntimeDep) -> FileObject:
-        return await runtime.files.get(file_id)
+        return await runtime.files.get(file_id, caller_scope())
 
     @get(
         "/{file_id:str}/content",
@@ -80,8 +82,9 @@ class FilesController(Controller):
         responses=RESOURCE_ERRORS,
     )
     async def content(self, file_id: str, runtime: RuntimeDep) -> Stream:
-        return Stream(await runtime.files.content(file_id), media_type="application/octet-stream")
+        chunks = await runtime.files.content(file_id, caller_scope())
+        return Stream(chunks, media_type="application/octet-stream")
 
     @delete("/{file_id:str}", status_code=200, summary="Delete a file", responses=RESOURCE_ERRORS)
     async def remove(self, file_id: str, runtime: RuntimeDep) -> FileDeleted:
-        return await runtime.files.delete(file_id)
+        return await runtime.files.delete(file_id, caller_scope())
