@@ -74,6 +74,11 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     duplicate_window: float = 120.0
     """Seconds within which a repeated `Nats-Msg-Id` is dropped by the server."""
     connect_timeout: float = 5.0
+    """Seconds one connection attempt or one JetStream request may take."""
+    ready_within: float = 90.0
+    """Seconds a starting process waits for NATS to accept its connection and for
+    JetStream to answer provisioning (a cluster still electing leaders); past it the
+    process exits with the error. A stop signal ends the wait at once."""
     offload_bytes: int = 1 << 20
     """Work items and replies longer than this (or than the server's `max_payload`, less
     16 KiB) travel through the object store (`objects`), a reference in their place."""

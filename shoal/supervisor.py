@@ -2,9 +2,12 @@
 
 Starts a local nats-server (JetStream, loopback, data in the data dir), one encoder
 worker, one generation worker and the gateway, each in its own session so that Ctrl-C
-reaches only this supervisor, which then stops them in order: gateway (no new requests),
-workers (they finish or return what they hold), nats-server. Children are tied to the
-supervisor's life with PR_SET_PDEATHSIG, so even a killed supervisor leaves no orphans.
+reaches only this supervisor, which then stops them in order, within `STOP_WITHIN`
+seconds in all: gateways (no new requests; those in flight get the drain time), workers
+(they finish or return what they hold), nats-server; whatever is still there at the end
+is killed. A signal while it is still starting (nats-server coming up, a cluster
+electing) stops the start at once. Children are tied to the supervisor's life with
+PR_SET_PDEATHSIG, so even a killed supervisor leaves no orphans.
 
 A `Topology` asks for more: several encoder workers, several gateways (on consecutive
 ports) and a 3-node NATS cluster with every stream replicated three times: the shape of
@@ -14,8 +17,6 @@ a cluster deployment, on one machine, without containers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -28,20 +29,13 @@ from pathlib import Path
 import msgspec
 
 from .config import Settings
+from .lifecycle import DRAIN_SECONDS, STOP_WITHIN, Stopped, die_with_parent
 from .queue.embedded import EmbeddedNats, EmbeddedNatsCluster
 from .queue.nats import wait_jetstream
 
-__all__ = ["Child", "Topology", "die_with_parent", "serve"]
+__all__ = ["Child", "Topology", "serve"]
 
 log = logging.getLogger("shoal.serve")
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    # Not on Linux: no such call, and the ordered shutdown in `serve` still applies.
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Child:
@@ -61,16 +55,36 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self, timeout: float) -> None:
-        if not self.alive():
-            return
-        self.process.send_signal(signal.SIGTERM)
+    def terminate(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait_or_kill(self, until: float) -> None:
+        """Wait for it to exit until `until` (monotonic time); then kill it."""
         try:
-            self.process.wait(timeout)
+            self.process.wait(max(0.0, until - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("%s did not stop in %.0fs; killing it", self.name, timeout)
+            log.warning("%s did not stop in time; killing it", self.name)
             self.process.kill()
             self.process.wait()
+
+    def stop(self, timeout: float) -> None:
+        self.terminate()
+        self.wait_or_kill(time.monotonic() + timeout)
+
+
+def _stop_in_order(children: list[Child], started: float) -> None:
+    """Gateways first (requests in flight get the drain time), then workers, each group
+    signalled at once; everything is gone `STOP_WITHIN` - 1 seconds after `started`."""
+    gateways = [c for c in children if c.name.startswith("gateway")]
+    others = [c for c in children if c not in gateways]
+    last = started + STOP_WITHIN - 1.0
+    for group, until in ((gateways, min(last, time.monotonic() + DRAIN_SECONDS + 1.5)),
+                         (others, last)):  # fmt: skip
+        for child in group:
+            child.terminate()
+        for child in group:
+            child.wait_or_kill(until)
 
 
 @dataclass(frozen=True)
@@ -92,16 +106,21 @@ class Topology:
 
 
 def _start_nats(data_dir: Path, run_dir: Path, nodes: int) -> EmbeddedNats | EmbeddedNatsCluster:
+    """The local nats-server(s), up and (a cluster) electing; stopped again if the start
+    is interrupted."""
     if nodes == 1:
-        return EmbeddedNats(data_dir / "nats").start(
-            log_file=run_dir / "nats-server.log", preexec_fn=die_with_parent
-        )
+        server = EmbeddedNats(data_dir / "nats")
+        try:
+            return server.start(log_file=run_dir / "nats-server.log", preexec_fn=die_with_parent)
+        except BaseException:
+            server.kill()
+            raise
     cluster = EmbeddedNatsCluster(data_dir / "nats-cluster", size=nodes)
-    cluster.start(log_dir=run_dir, preexec_fn=die_with_parent)
     try:
+        cluster.start(log_dir=run_dir, preexec_fn=die_with_parent)
         asyncio.run(wait_jetstream(cluster.url, within=60.0))
-    except TimeoutError:
-        cluster.stop()
+    except BaseException:
+        cluster.stop(timeout=1.0)
         raise
     return cluster
 
@@ -138,24 +157,32 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
     data_dir = Path(settings.data_dir)
     run_dir = data_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    stopping = False
+    starting = True
+    stop_asked_at = 0.0
 
     def _stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        nonlocal stop_asked_at
+        if stop_asked_at:
+            return  # already stopping, within its bound
+        stop_asked_at = time.monotonic()
+        log.info("%s: stopping", signal.Signals(signum).name)
+        if starting:  # break out of the blocking start (a child it made dies with us)
+            raise Stopped()
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
 
-    nats = _start_nats(data_dir, run_dir, topology.nats_nodes)
-    settings.nats.url = nats.url
-    _fit_to_topology(settings, topology)
-    config = run_dir / "settings.json"
-    config.write_bytes(msgspec.json.encode(settings))
+    nats: EmbeddedNats | EmbeddedNatsCluster | None = None
     children: list[Child] = []
     status = 0
     try:
+        nats = _start_nats(data_dir, run_dir, topology.nats_nodes)
+        settings.nats.url = nats.url
+        _fit_to_topology(settings, topology)
+        config = run_dir / "settings.json"
+        config.write_bytes(msgspec.json.encode(settings))
         children += _children(config, settings, topology)
+        starting = False
         g = settings.gateway
         log.info(
             "shoal: %s on http://%s:%s (NATS %s, %d encoder worker(s), data in %s); Ctrl-C stops",
@@ -166,16 +193,19 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
             topology.workers,
             data_dir,
         )
-        while not stopping:
+        while not stop_asked_at:
             dead = [c for c in children if not c.alive()]
             if dead:
                 log.error("%s exited with %s; stopping", dead[0].name, dead[0].process.returncode)
                 status = 1
                 break
             time.sleep(0.2)
+    except Stopped:
+        log.info("shoal: stopped while starting")
     finally:
-        for child in reversed(children):  # gateways first, then the workers
-            child.stop(timeout=30.0)
-        nats.stop()
+        starting = False
+        _stop_in_order(children, stop_asked_at or time.monotonic())
+        if nats is not None:
+            nats.stop(timeout=1.0)
         log.info("shoal: stopped")
     return status

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -39,7 +41,8 @@ def _provide_runtime(state: State) -> Runtime:
     return state.runtime
 
 
-def create_app(settings: Settings) -> Litestar:
+def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litestar:
+    """The gateway app; `stop`, once set, ends its start-up wait for NATS."""
     observer = Observer()
     return Litestar(
         route_handlers=[
@@ -59,7 +62,7 @@ def create_app(settings: Settings) -> Litestar:
             StatusController,
         ],
         dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
-        lifespan=[runtime_lifespan(settings)],
+        lifespan=[runtime_lifespan(settings, stop)],
         # Keys, rate limits and the in-flight bound are checked before a body is read.
         # Outermost: requests are timed and counted whatever admission says.
         middleware=[

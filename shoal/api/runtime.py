@@ -34,6 +34,7 @@ from ..compat.errors import (
 from ..compat.extensions import ShoalOptions
 from ..compat.jobs import Envelope
 from ..config import Settings
+from ..lifecycle import Stopped, unless_stopped
 from ..model_registry import (
     LiveRegistry,
     ModelRegistry,
@@ -118,19 +119,11 @@ class Runtime:
         return view
 
     @classmethod
-    async def open(cls, settings: Settings, connect_for: float = 30.0) -> Runtime:
-        """Connect to NATS (retrying for `connect_for` seconds), provision the stream and
-        load the registry (spec files, then run-time registrations)."""
+    async def open(cls, settings: Settings) -> Runtime:
+        """Connect to NATS (waiting for it for `nats.ready_within` seconds), provision the
+        stream and load the registry (spec files, then run-time registrations)."""
         static = ModelRegistry.from_files(settings.models_file)
-        deadline = time.monotonic() + connect_for
-        while True:
-            try:
-                bus = await Bus.connect(settings.nats, name="shoal-gateway")
-                break
-            except QueueUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        bus = await Bus.open(settings.nats, name="shoal-gateway")
         registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
         await registry.start()
         objects = open_object_store(settings.objects, settings.s3, settings.data_dir)
@@ -300,13 +293,18 @@ def as_shoal_error(exc: Exception, model: str) -> Exception:
             return exc
 
 
-def runtime_lifespan(settings: Settings):
+def runtime_lifespan(settings: Settings, stop: asyncio.Event | None = None):
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         from .batches.runner import BatchRunner
         from .status import StatusBoard
 
-        runtime = await Runtime.open(settings)
+        try:
+            runtime = await unless_stopped(Runtime.open(settings), stop or asyncio.Event())
+        except Stopped:  # the server exits without serving: there is nothing to close
+            log.info("stopped while connecting to NATS")
+            yield
+            return
         app.state.runtime = runtime
         app.state.status = StatusBoard(runtime, app.state.observer)
         runner = BatchRunner(runtime, settings.batches) if settings.batches.run_batches else None

@@ -157,6 +157,6 @@ class EmbeddedNatsCluster:
             raise
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         for node in self.nodes.values():
-            node.stop()
+            node.stop(timeout)

@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from ..config import NatsSettings
+from ..lifecycle import retry_until_ready
 from .errors import KeyConflictError, QueueFullError, QueueUnavailableError
 from .source import Delivery
 
@@ -160,50 +161,42 @@ async def wait_jetstream(url: str, within: float = 30.0) -> None:
     Raises:
         TimeoutError: not within `within` seconds.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    last: Exception | None = None
-    while loop.time() < deadline:
-        try:
-            nc = await nats.connect(url.split(","), connect_timeout=2, allow_reconnect=False)
-        except (OSError, nats.errors.Error) as exc:
-            last = exc
-            await asyncio.sleep(0.2)
-            continue
+
+    async def answers() -> None:
+        nc = await nats.connect(url.split(","), connect_timeout=2, allow_reconnect=False)
         try:
             await nc.jsm().account_info()
-            return
-        except (nats.errors.Error, TimeoutError) as exc:
-            last = exc
-            await asyncio.sleep(0.2)
         finally:
             await nc.close()
-    raise TimeoutError(f"JetStream at {url} not ready in {within}s: {last!r}")
+
+    try:
+        await retry_until_ready(
+            answers,
+            what=f"JetStream at {url}",
+            retry_on=(OSError, nats.errors.Error, TimeoutError),
+            within=within,
+        )
+    except (OSError, nats.errors.Error, TimeoutError) as exc:
+        raise TimeoutError(f"JetStream at {url} not ready in {within}s: {exc!r}") from exc
 
 
-_PROVISION_S = 90.0
-"""How long creating a stream, consumer or bucket may keep timing out before it fails."""
-
-
-async def _provisioning(what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+async def _provisioning(what: str, call: Callable[[], Awaitable[_T]], within: float) -> _T:
     """`call()`, retried while JetStream is not answering in time.
 
     A cluster that is still electing leaders, or that several processes ask at once to
     create replicated streams (`shoal serve --nats-nodes 3` on two cores), can time out
     an admin request it then completes. Every call here is idempotent, so retry it.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _PROVISION_S
-    while True:
-        try:
-            return await call()
-        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
-            if loop.time() > deadline:
-                raise
-            log.info("%s: JetStream did not answer (%r); retrying", what, exc)
-            await asyncio.sleep(0.5)
+    return await retry_until_ready(
+        call,
+        what=what,
+        retry_on=(nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError),
+        within=within,
+        first_delay=0.5,
+    )
 
 
+_CLOSE_S = 2.0
 _KEYS_FETCH = 1000
 _KEYS_FETCH_S = 5.0
 _KEYS_CONSUMER_IDLE_S = 30.0
@@ -353,6 +346,7 @@ class Bus:
         self.js = nc.jetstream()
         self.jsm = nc.jsm()
         self._settings = settings
+        self._ready_within = settings.ready_within
 
     @classmethod
     async def connect(
@@ -361,7 +355,8 @@ class Bus:
         name: str,
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
     ) -> Bus:
-        """Connect, retrying in the background forever once connected.
+        """Connect (one attempt of at most twice `connect_timeout`), then reconnect in the
+        background, forever, whenever the connection drops.
 
         Raises:
             QueueUnavailableError: the first connection failed.
@@ -378,21 +373,46 @@ class Bus:
         async def _reconnected() -> None:
             log.info("nats: reconnected")
 
+        # nats-py's own first connect retries forever when reconnects are allowed (as
+        # they must be once connected): bound one attempt here, and let `open` retry.
         try:
-            nc = await nats.connect(
-                servers=[s.strip() for s in settings.url.split(",")],
-                name=name,
-                connect_timeout=settings.connect_timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                allow_reconnect=True,
-                error_cb=_error,
-                disconnected_cb=_disconnected,
-                reconnected_cb=_reconnected,
+            nc = await asyncio.wait_for(
+                nats.connect(
+                    servers=[s.strip() for s in settings.url.split(",")],
+                    name=name,
+                    connect_timeout=settings.connect_timeout,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    allow_reconnect=True,
+                    error_cb=_error,
+                    disconnected_cb=_disconnected,
+                    reconnected_cb=_reconnected,
+                ),
+                2 * settings.connect_timeout,
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             raise QueueUnavailableError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
         return cls(nc, settings)
+
+    @classmethod
+    async def open(
+        cls,
+        settings: NatsSettings,
+        name: str,
+        on_disconnect: Callable[[], Awaitable[None]] | None = None,
+    ) -> Bus:
+        """`connect`, retried while the server is not up yet (starting beside this
+        process), for `settings.ready_within` seconds.
+
+        Raises:
+            QueueUnavailableError: no connection within that time.
+        """
+        return await retry_until_ready(
+            lambda: cls.connect(settings, name, on_disconnect),
+            what=f"NATS at {settings.url}",
+            retry_on=(QueueUnavailableError,),
+            within=settings.ready_within,
+        )
 
     @property
     def is_connected(self) -> bool:
@@ -404,10 +424,12 @@ class Bus:
         return self.nc.max_payload
 
     async def close(self) -> None:
+        """Drain (pending publishes and acks go out), for a few seconds at most: while
+        the server is away a drain would wait for it."""
         if self.nc.is_closed:
             return
         try:
-            await self.nc.drain()
+            await asyncio.wait_for(self.nc.drain(), _CLOSE_S)
         except (nats.errors.Error, TimeoutError):
             # Not connected now (the server went first): drop what is pending.
             with contextlib.suppress(nats.errors.Error, RuntimeError, OSError):
@@ -473,7 +495,9 @@ class Bus:
 
     async def ensure_stream(self, config: dict[str, Any]) -> None:
         """Create the stream, or bring an existing one to `config` (what can change)."""
-        await _provisioning(f"stream {config['name']}", lambda: self._ensure_stream(config))
+        await _provisioning(
+            f"stream {config['name']}", lambda: self._ensure_stream(config), self._ready_within
+        )
 
     async def _ensure_stream(self, config: dict[str, Any]) -> None:
         jsm = self.jsm
@@ -502,7 +526,7 @@ class Bus:
             except nats.js.errors.BadRequestError as exc:
                 log.warning("consumer %s kept its config: %s", cfg.durable_name, exc.description)
 
-        await _provisioning(f"consumer {cfg.durable_name}", ensure)
+        await _provisioning(f"consumer {cfg.durable_name}", ensure, self._ready_within)
 
     async def stream_state(self, stream: str) -> dict[str, int]:
         info = await self.jsm.stream_info(stream)
@@ -510,7 +534,9 @@ class Bus:
 
     async def key_value(self, bucket: str) -> NatsKeyValue:
         """The bucket, created (file storage, replicas as the work stream) if missing."""
-        kv = await _provisioning(f"bucket {bucket}", lambda: self._key_value(bucket))
+        kv = await _provisioning(
+            f"bucket {bucket}", lambda: self._key_value(bucket), self._ready_within
+        )
         return NatsKeyValue(kv, self.js, bucket)
 
     async def _key_value(self, bucket: str) -> Any:

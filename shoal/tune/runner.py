@@ -34,12 +34,13 @@ import msgspec
 import numpy as np
 
 from ..config import Settings
+from ..lifecycle import die_with_parent
 from ..model_registry import BatchProfile, LiveRegistry, ModelRegistry, ModelSpec
 from ..model_registry.sources import SourceResolver, resolve_source
 from ..queue.embedded import EmbeddedNats, free_port
 from ..queue.errors import QueueUnavailableError
 from ..queue.nats import Bus, NatsKeyValue
-from ..supervisor import Child, die_with_parent
+from ..supervisor import Child
 from . import texts
 from .knee import Knee, Load, find_knee
 from .search import Knob, Trial, confirm, mean_scores, search

@@ -53,6 +53,7 @@ import torch
 
 from .. import telemetry
 from ..config import Settings
+from ..lifecycle import DRAIN_SECONDS
 from ..model_registry import LiveRegistry, ModelSpec, SourceResolver
 from ..queue import Bus, Delivery, ErrorKind, JobFailed, Subjects, WorkerHeartbeat
 from ..queue.dead_letters import DeadLetters
@@ -199,7 +200,8 @@ class EncoderWorker:
         for task in pullers:
             task.cancel()
         await asyncio.gather(*pullers, return_exceptions=True)
-        deadline = self._clock() + self.settings.nats.ack_wait
+        # What is held gets the drain time to finish; the rest goes back to the queue.
+        deadline = self._clock() + min(self.settings.nats.ack_wait, DRAIN_SECONDS)
         while (
             self._held
             and self._clock() < deadline

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Coroutine
 from typing import Any
 
 from .. import telemetry
 from ..config import Settings
+from ..lifecycle import StopSignals, exit_leaving_threads, run_until_stopped
 from ..model_registry import LiveRegistry, ModelRegistry
-from ..queue import Bus, QueueUnavailableError
+from ..queue import Bus
 from .encoder_worker import EncoderWorker
 
 __all__ = ["run_loop", "run_worker", "serve_worker"]
@@ -33,12 +33,15 @@ def run_worker(settings: Settings) -> None:
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run a worker's main coroutine; at its end, exit without waiting for a thread
+    still loading or converting a model (a stop during loading must not wait for it)."""
     try:
         import uvloop
 
         uvloop.run(main)
     except ImportError:
         asyncio.run(main)
+    exit_leaving_threads()
 
 
 async def serve_worker(
@@ -47,7 +50,9 @@ async def serve_worker(
     worker: type = EncoderWorker,
     service: str = "worker",
 ) -> None:
-    """Run one worker of class `worker` (encoder or generation) until SIGINT/SIGTERM."""
+    """Run one worker of class `worker` (encoder or generation) until SIGINT/SIGTERM,
+    which stops it in every phase (see shoal/lifecycle.py)."""
+    signals = StopSignals().install()
     telemetry.setup(service, settings.telemetry)
     t = settings.telemetry
     running: list[Any] = []  # the worker, once made: /ready answers 200 when it is ready
@@ -56,26 +61,19 @@ async def serve_worker(
             t.metrics_host, t.metrics_port, ready=lambda: any(w.state == "ready" for w in running)
         )
         log.info("metrics on http://%s:%d/metrics (probes: /health, /ready)", t.metrics_host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    bus = await _connect(settings)
-    try:
-        registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
-        await registry.start()
-        running.append(worker(settings, bus, registry))
-        await running[0].run(stop)
-    finally:
-        await bus.close()
-        telemetry.shutdown()
+    stop = signals.event
 
-
-async def _connect(settings: Settings, attempts: int = 60) -> Bus:
-    """Connect, waiting for a nats-server that is still starting."""
-    for _ in range(attempts - 1):
+    async def main() -> None:
+        bus = await Bus.open(settings.nats, name=f"shoal-{service}")
         try:
-            return await Bus.connect(settings.nats, name="shoal-worker")
-        except QueueUnavailableError:
-            await asyncio.sleep(0.5)
-    return await Bus.connect(settings.nats, name="shoal-worker")
+            registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
+            await registry.start()
+            running.append(worker(settings, bus, registry))
+            await running[0].run(stop)
+        finally:
+            await bus.close()
+
+    try:
+        await run_until_stopped(main(), stop, lambda: any(w.state == "ready" for w in running))
+    finally:
+        telemetry.shutdown()

@@ -7,7 +7,8 @@ sglang.py): `GET /health` (503 while starting, then 200), `POST /generate` strea
 `data: {text, output_ids, meta_info}` events with cumulative text and a final
 `meta_info.finish_reason` of `{"type": "stop"|"length"|"abort"}` then `data: [DONE]`,
 `POST /abort_request {"rid"}`, `POST /load_lora_adapter`, `GET /get_model_info`. It
-accepts `launch_server`'s flags (`--model-path --host --port --max-running-requests`).
+accepts `launch_server`'s flags (`--model-path --host --port --max-running-requests`),
+and a test-only `--double-start-seconds` (how long /health answers 503).
 
 It generates no language: each token is a word picked deterministically from the
 prompt's ids, the sampling seed and the adapter, so the same request gives the same text
@@ -54,7 +55,7 @@ ARGS = argparse.Namespace()
 
 @get("/health")
 async def health() -> Response:
-    ready = time.monotonic() - STARTED > 0.5
+    ready = time.monotonic() - STARTED > ARGS.double_start_seconds
     return Response(b"", status_code=200 if ready else 503)
 
 
@@ -184,6 +185,8 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--max-running-requests", type=int, default=0)
+    # Test-only: how long /health answers 503 (a large model loading, say).
+    parser.add_argument("--double-start-seconds", type=float, default=0.5)
     known, _ = parser.parse_known_args(namespace=ARGS)
     app = Litestar([health, model_info, load_lora, abort, stats, crash, generate])
     uvicorn.run(app, host=known.host, port=known.port, log_level="warning")

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from ...config import GeneratorSettings
+from ...lifecycle import die_with_parent
 from ...model_registry import ModelSpec
 from ...queue.embedded import free_port
 from ...queue.messages import ChatTurn
@@ -96,9 +97,17 @@ class SGLangRuntime(GenerationRuntime):
             *self._settings.sglang_args,
         ]  # fmt: skip
         log.info("starting SGLang: %s", " ".join(command))
-        self._process = subprocess.Popen(command, start_new_session=True)
+        # Its own session (a Ctrl-C for the worker is the worker's to handle), and SIGTERM
+        # when the thread that starts it ends, so a killed worker leaves no server behind.
+        self._process = subprocess.Popen(
+            command, start_new_session=True, preexec_fn=die_with_parent
+        )
         deadline = time.monotonic() + self._settings.sglang_start_timeout
         while time.monotonic() < deadline:
+            if self._stopping:  # `stop` may have come before the server existed
+                self._process.kill()
+                self._process.wait()
+                raise RuntimeError("stopped while SGLang was starting")
             if self._process.poll() is not None:
                 raise RuntimeError(f"SGLang exited with {self._process.returncode} while starting")
             with contextlib.suppress(httpx.HTTPError):
@@ -133,9 +142,10 @@ class SGLangRuntime(GenerationRuntime):
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             try:
-                self._process.wait(30)
+                self._process.wait(2)
             except subprocess.TimeoutExpired:
                 self._process.kill()
+                self._process.wait()
         self._loop.call_soon_threadsafe(self._loop.stop)
 
     # Interface -----------------------------------------------------------------------------------

@@ -104,6 +104,9 @@ class GenerationWorker:
         self.dead_letters = DeadLetters(bus, settings.nats, self.subjects)
         self._preset = runtimes or {}
         self._models: dict[str, _Model] = {}
+        self._runtimes: list[GenerationRuntime] = []
+        """Every runtime started or starting: a stop stops them all (a server that is
+        still starting included)."""
         self._jobs: dict[str, _Running] = {}
         self._by_request: dict[str, list[str]] = {}
         self._state = "loading"
@@ -159,7 +162,7 @@ class GenerationWorker:
                 for source in (model.source, model.batch_source):
                     if source is not None:
                         await source.close()
-                await asyncio.get_running_loop().run_in_executor(self._loader, model.runtime.stop)
+            await _stop_runtimes(self._runtimes)
             heartbeat.cancel()
             keepalive.cancel()
             self._state = "stopping"
@@ -168,6 +171,7 @@ class GenerationWorker:
 
     async def _start_model(self, spec: ModelSpec) -> None:
         runtime = self._preset.get(spec.id) or self._make_runtime(spec)
+        self._runtimes.append(runtime)
         model = _Model(spec, runtime)
         loop = asyncio.get_running_loop()
 
@@ -509,6 +513,19 @@ class GenerationWorker:
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
+
+
+async def _stop_runtimes(runtimes: list[GenerationRuntime], within: float = 3.0) -> None:
+    """Stop every runtime at once, each on a thread of its own (the loader thread may be
+    busy starting one of them), waiting `within` seconds at most."""
+    stops = [asyncio.ensure_future(asyncio.to_thread(r.stop)) for r in runtimes]
+    if stops:
+        done, late = await asyncio.wait(stops, timeout=within)
+        if late:
+            log.warning("%d runtime(s) did not stop within %.0fs", len(late), within)
+        for task in done:
+            if task.exception() is not None:
+                log.warning("stopping a runtime failed: %r", task.exception())
 
 
 def _record_spans(running: _Running, model: str) -> None:
