@@ -90,7 +90,7 @@ def stack(session_nats: EmbeddedNats, session_dir: Path, task_models: Path) -> I
     gateway, base = start_gateway(session_nats.url, session_dir, env)
     try:
         wait_ready(base, worker)
-        wait_until(lambda: model_ready(base, GEN_MODEL), 300, generator, "generation worker")
+        wait_until(lambda: model_ready(base, GEN_MODEL), 240, generator, "generation worker")
         yield base
     finally:
         gateway.stop()

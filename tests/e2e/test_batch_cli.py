@@ -20,7 +20,7 @@ def shoal_batch(base: str, *args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "shoal", "batch", "--url", base, *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=200,
     )
 
 

@@ -39,7 +39,7 @@ def shoal_embed(base: str, *args: str | Path) -> subprocess.Popen:
     )
 
 
-def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+def finish(proc: subprocess.Popen, timeout: float = 200) -> tuple[int, str]:
     _, err = proc.communicate(timeout=timeout)
     return proc.returncode, err
 

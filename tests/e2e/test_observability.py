@@ -74,7 +74,7 @@ def observed(
         gateway, base = start_gateway(nats.url, tmp, env)
         procs.append(gateway)
         wait_until(lambda: model_ready(base, MODEL), 120, worker, "the encoder worker")
-        wait_until(lambda: model_ready(base, GEN_MODEL), 300, generator, "the generator")
+        wait_until(lambda: model_ready(base, GEN_MODEL), 240, generator, "the generator")
         yield Observed(
             base,
             receiver,

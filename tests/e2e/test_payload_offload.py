@@ -74,7 +74,7 @@ def test_a_3_mib_request_is_offloaded_served_and_cleaned_up(
     try:
         wait_ready(base, worker)
         texts = long_texts(24, 128 << 10)  # 3 MiB, items of two texts: 256 KiB each
-        oai = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
+        oai = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=200)
         got = oai.embeddings.create(model=MODEL, input=texts)
         vectors = np.array([d.embedding for d in got.data])
         expected = st_model.encode(texts, batch_size=8)
