@@ -279,6 +279,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     generator: GeneratorSettings = msgspec.field(default_factory=GeneratorSettings)
     telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
 
+    @property
+    def cache_dir(self) -> Path:
+        """Where fetched and converted model files are kept (under `data_dir`)."""
+        return Path(self.data_dir) / "cache"
+
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env

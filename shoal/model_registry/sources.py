@@ -13,7 +13,7 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from ..config import S3Settings
+from ..config import S3Settings, Settings
 from ..s3 import s3_client
 
 __all__ = ["SourceError", "SourceResolver", "gguf_file", "resolve_source"]
@@ -60,6 +60,11 @@ class SourceResolver:
     def __init__(self, cache_dir: str | Path = "", s3: S3Settings | None = None) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "shoal"
         self.s3 = s3 or S3Settings()
+
+    @classmethod
+    def of(cls, settings: Settings) -> SourceResolver:
+        """The resolver of a process with these settings (its cache in the data dir)."""
+        return cls(settings.cache_dir, settings.s3)
 
     def _client(self):
         return s3_client(self.s3)

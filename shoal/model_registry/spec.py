@@ -24,6 +24,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from ..queue.subjects import Task
+
 __all__ = [
     "RUNTIME_TASKS",
     "AdapterSpec",
@@ -35,7 +37,6 @@ __all__ = [
     "load_catalog",
 ]
 
-Task = Literal["embed", "multivector", "ner", "classify", "rerank", "generate"]
 # Sizes are bounded so that a registration through the admin API with a huge int is a 400
 # naming the field, not an OverflowError when the spec is encoded for the registry.
 _INT32_MAX = 2**31 - 1

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["Lane", "Op", "Subjects", "model_token", "token_model"]
+__all__ = ["Lane", "Subjects", "Task", "model_token", "token_model"]
 
 Lane = Literal["interactive", "batch"]
-Op = Literal["embed", "multivector", "ner", "classify", "rerank", "generate"]
+Task = Literal["embed", "multivector", "ner", "classify", "rerank", "generate"]
+"""What a model does and what a job asks of it (its work subject's last token)."""
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 
@@ -60,7 +61,7 @@ class Subjects:
     def all_work(self) -> str:
         return f"{self.prefix}.work.>"
 
-    def work(self, lane: Lane, model_id: str, op: Op) -> str:
+    def work(self, lane: Lane, model_id: str, op: Task) -> str:
         return f"{self.prefix}.work.{lane}.{model_token(model_id)}.{op}"
 
     def work_filter(self, lane: Lane, model_id: str) -> str:

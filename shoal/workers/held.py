@@ -1,4 +1,4 @@
-"""A work item while a worker holds it: its rows as batcher units, their outputs."""
+"""An encoder job while a worker holds it: its rows as batcher units, their outputs."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from ..queue.messages import OP_OF_JOB, Job
+from ..queue.messages import Job
 from ..queue.source import Delivery
 from .adapters.base import Tokenized
-from .observe import job_context
+from .core import Held
 
 __all__ = ["HeldJob", "Unit"]
 
@@ -29,42 +29,24 @@ class Unit:
         return len(self.tok.ids)
 
 
-class HeldJob:
+class HeldJob(Held):
     __slots__ = (
-        "batch_lane",
         "batch_seen",
-        "delivery",
-        "done",
         "forward_ended",
         "forward_started",
-        "job",
-        "last_progress",
-        "op",
         "outputs",
         "prompt_tokens",
-        "pulled_at",
         "queued_at",
         "remaining",
         "tokens",
-        "trace",
     )
 
     def __init__(self, delivery: Delivery, job: Job, batch_lane: bool = False) -> None:
-        self.delivery = delivery
-        self.batch_lane = batch_lane
-        """Pulled from the low-priority batch lane."""
-        self.job = job
-        self.op = OP_OF_JOB[type(job)]
-        self.pulled_at = time.time()
-        self.last_progress = time.monotonic()
+        super().__init__(delivery, job, batch_lane)
         self.tokens: list[Tokenized] = []
         self.outputs: list[np.ndarray] = []
         self.remaining = 0
         self.prompt_tokens = 0
-        self.done = False
-        """Settled (answered, retried or dropped): its remaining units are skipped."""
-        self.trace = job_context(delivery.headers)
-        """The trace it continues (None unless tracing): stage times are kept for it."""
         self.queued_at = self.forward_started = self.forward_ended = 0.0
         self.batch_seen = (0, 0)
         """Inputs and padded tokens of the last batch it ran in (traced jobs only)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..model_registry import LiveRegistry, SourceResolver, UnknownAdapterError
-from .lane import Lane
+from .encoder_model import EncoderModel
 from .residency import ModelTooLargeError, Residency, weight_bytes
 
 __all__ = ["LoadError", "Loader"]
@@ -71,44 +71,44 @@ class Loader:
             path = self._paths[source] = await self._run(self._pool, self._resolver.local, source)
         return path
 
-    async def ensure_resident(self, lane: Lane, lanes: Iterable[Lane]) -> None:
-        """Load `lane`'s model, evicting others as its memory needs.
+    async def ensure_resident(self, served: EncoderModel, models: Iterable[EncoderModel]) -> None:
+        """Load `served`, evicting others as its memory needs.
 
         Raises:
             LoadError: it cannot be fetched, loaded, or fit in the budget.
         """
-        lock = self._locks.setdefault(lane.model, asyncio.Lock())
+        lock = self._locks.setdefault(served.id, asyncio.Lock())
         async with lock:
-            if lane.state == "resident":
+            if served.state == "resident":
                 return
-            if lane.state == "failed":
-                if time.monotonic() - self._failed_at.get(lane.model, 0) < RETRY_FAILED_AFTER:
-                    raise LoadError(lane.error)
-                lane.state = "unloaded"
-            lane.state = "loading"
+            if served.state == "failed":
+                if time.monotonic() - self._failed_at.get(served.id, 0) < RETRY_FAILED_AFTER:
+                    raise LoadError(served.error)
+                served.state = "unloaded"
+            served.state = "loading"
             try:
-                await self._load(lane, {other.model: other for other in lanes})
+                await self._load(served, {other.id: other for other in models})
             except Exception as exc:
-                lane.state = "failed"
-                lane.error = (
+                served.state = "failed"
+                served.error = (
                     str(exc)
                     if isinstance(exc, LoadError)
-                    else (f"model '{lane.model}' failed to load: {exc}")
+                    else (f"model '{served.id}' failed to load: {exc}")
                 )
-                self._failed_at[lane.model] = time.monotonic()
-                log.error("%s", lane.error)
-                raise LoadError(lane.error) from exc
+                self._failed_at[served.id] = time.monotonic()
+                log.error("%s", served.error)
+                raise LoadError(served.error) from exc
             finally:
                 self._on_change()
 
-    async def _load(self, lane: Lane, lanes: dict[str, Lane]) -> None:
+    async def _load(self, served: EncoderModel, models: dict[str, EncoderModel]) -> None:
         # The dummy runtime has no weights to fetch.
-        path = "" if lane.spec.runtime == "dummy" else await self._local(lane.spec.source)
+        path = "" if served.spec.runtime == "dummy" else await self._local(served.spec.source)
         need = await self._run(self._pool, weight_bytes, path) if path else 0
         while True:
-            busy = {m for m, other in lanes.items() if other is not lane and other.busy}
+            busy = {m for m, other in models.items() if other is not served and other.busy}
             try:
-                evict = self.residency.plan(lane.model, need, busy)
+                evict = self.residency.plan(served.id, need, busy)
             except ModelTooLargeError as exc:
                 raise LoadError(str(exc)) from None
             if evict is not None:
@@ -117,58 +117,58 @@ class Loader:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), 1.0)
         for model in evict:
-            await self.evict(lanes[model])
+            await self.evict(models[model])
         started = time.monotonic()
-        await self._run(self._pool, lane.adapter.load, path)
-        await self._run(self._forward, lane.adapter.warmup)
-        size = lane.adapter.memory_bytes() or need
-        self.residency.loaded(lane.model, size)
-        lane.state = "resident"
+        await self._run(self._pool, served.adapter.load, path)
+        await self._run(self._forward, served.adapter.warmup)
+        size = served.adapter.memory_bytes() or need
+        self.residency.loaded(served.id, size)
+        served.state = "resident"
         log.info(
-            "loaded %s (%.0f MiB) in %.1fs", lane.model, size / 2**20, time.monotonic() - started
+            "loaded %s (%.0f MiB) in %.1fs", served.id, size / 2**20, time.monotonic() - started
         )
 
-    async def evict(self, lane: Lane) -> None:
-        """Unload `lane`'s model if resident."""
-        if lane.state != "resident":
+    async def evict(self, served: EncoderModel) -> None:
+        """Unload `served` if resident."""
+        if served.state != "resident":
             return
-        lane.state = "unloaded"
+        served.state = "unloaded"
 
         def unload() -> None:
-            lane.adapter.unload()
+            served.adapter.unload()
             gc.collect()
 
         await self._run(self._forward, unload)
-        self.residency.evicted(lane.model)
-        log.info("evicted %s", lane.model)
+        self.residency.evicted(served.id)
+        log.info("evicted %s", served.id)
         self._on_change()
 
-    async def ensure_lora(self, lane: Lane, name: str) -> None:
-        """Have LoRA adapter `name` loaded on `lane`'s resident model.
+    async def ensure_lora(self, served: EncoderModel, name: str) -> None:
+        """Have LoRA adapter `name` loaded on `served`'s resident model.
 
         Raises:
             LoadError: unknown adapter (`not_found`), or it cannot be fetched or loaded.
         """
         try:
-            spec = self._registry.resolve_adapter(lane.model, name)
+            spec = self._registry.resolve_adapter(served.id, name)
         except UnknownAdapterError:
             raise LoadError(
-                f"model '{lane.model}' has no adapter '{name}'", not_found=True
+                f"model '{served.id}' has no adapter '{name}'", not_found=True
             ) from None
-        slots = lane.adapter.lora
+        slots = served.adapter.lora
         if slots is None:
-            raise LoadError(f"model '{lane.model}' cannot take LoRA adapters")
+            raise LoadError(f"model '{served.id}' cannot take LoRA adapters")
         try:
             path = await self._local(spec.source)
             await self._run(self._forward, slots.ensure, name, path)
         except Exception as exc:
-            raise LoadError(f"adapter '{lane.model}:{name}' failed to load: {exc}") from exc
+            raise LoadError(f"adapter '{served.id}:{name}' failed to load: {exc}") from exc
 
-    async def forget_removed_loras(self, lane: Lane) -> None:
-        slots = lane.adapter.lora
+    async def forget_removed_loras(self, served: EncoderModel) -> None:
+        slots = served.adapter.lora
         if slots is None:
             return
-        known = {a.name for a in self._registry.adapters(lane.model)}
+        known = {a.name for a in self._registry.adapters(served.id)}
         for name in slots.loaded():
             if name not in known:
                 await self._run(self._forward, slots.drop, name)

@@ -1,4 +1,4 @@
-from shoal.workers.cancels import CancelledRequests
+from shoal.workers.core.cancels import CancelledRequests
 
 
 class Clock:

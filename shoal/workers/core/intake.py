@@ -19,11 +19,11 @@ import logging
 
 import msgspec
 
-from ..queue import Delivery, ErrorKind
-from ..queue.dead_letters import DeadLetters
-from ..queue.messages import Job
-from ..queue.objects import ObjectNotFoundError, ObjectStoreError
-from ..queue.payloads import PayloadStore
+from ...queue import Delivery, ErrorKind
+from ...queue.dead_letters import DeadLetters
+from ...queue.messages import Job
+from ...queue.objects import ObjectNotFoundError, ObjectStoreError
+from ...queue.payloads import PayloadStore
 
 __all__ = ["read_job", "refuse"]
 

@@ -1,45 +1,47 @@
-"""One served model inside a worker: its adapter, state, batchers and parked work."""
+"""One model an encoder worker serves: its adapter, residency state, batchers and the
+jobs parked while it loads."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from ..model_registry import ModelSpec
-from ..queue.source import WorkSource
 from .adapters.base import EncoderAdapter
 from .batcher import Batcher
 from .held import HeldJob, Unit
 
-__all__ = ["BatcherKey", "Lane", "LaneState"]
-
-BatcherKey = tuple[str, str, bool]
-"""(op, LoRA adapter, from the batch lane)."""
-
-LaneState = Literal["unloaded", "loading", "resident", "failed"]
+__all__ = ["BatcherKey", "EncoderModel", "ModelState"]
 
 
-class Lane:
+class BatcherKey(NamedTuple):
+    """Which batcher a unit waits in: batches never mix ops or LoRA adapters, and
+    batch-lane work never delays live work inside a batch."""
+
+    op: str
+    lora: str
+    """The LoRA adapter's name; "" for the base model."""
+    batch_lane: bool
+    """From the low-priority batch lane."""
+
+
+ModelState = Literal["unloaded", "loading", "resident", "failed"]
+
+
+class EncoderModel:
     def __init__(
         self, spec: ModelSpec, adapter: EncoderAdapter, clock: Callable[[], float]
     ) -> None:
         self.spec = spec
         self.adapter = adapter
         self._clock = clock
-        self.state: LaneState = "unloaded"
+        self.state: ModelState = "unloaded"
         self.error = ""
         """Why loading failed (state `failed`)."""
         self.batchers: dict[BatcherKey, Batcher[Unit]] = {}
-        """One per (op, LoRA adapter, priority): batches never mix ops or adapters, and
-        batch-lane work never delays interactive work inside a batch."""
         self.waiting: list[HeldJob] = []
         """Jobs pulled while the model was not resident: tokenized once it is."""
         self.running = 0
-        self.source: WorkSource | None = None
-        self.pull_task = None
-        self.batch_source: WorkSource | None = None
-        """The low-priority batch lane of this model, pulled only into spare capacity."""
-        self.batch_pull_task = None
         self.seconds_per_token = 0.0
         """Forward-pass time per padded token, a moving average (0 until measured)."""
 
@@ -51,19 +53,19 @@ class Lane:
             self.seconds_per_token += 0.2 * (per_token - self.seconds_per_token)
 
     @property
-    def model(self) -> str:
+    def id(self) -> str:
         return self.spec.id
 
     def use_profile(self, spec: ModelSpec) -> None:
         """Serve `spec`, the current spec with another batching profile: the batchers
-        take it at once; its `dtype` applies when the model is next loaded."""
+        take it at once; its `dtype` and `engine` apply when the model is next loaded."""
         self.spec = spec
         self.adapter.spec = spec
         for batcher in self.batchers.values():
             batcher.profile = spec.profile
 
     def batcher(self, op: str, lora: str, batch_lane: bool = False) -> Batcher[Unit]:
-        key = (op, lora, batch_lane)
+        key = BatcherKey(op, lora, batch_lane)
         batcher = self.batchers.get(key)
         if batcher is None:
             batcher = self.batchers[key] = Batcher(self.spec.profile, self._clock)
@@ -76,11 +78,11 @@ class Lane:
     @property
     def interactive_queued(self) -> int:
         """Interactive units pending here (and jobs waiting for the model to load)."""
-        pending = sum(len(b) for key, b in self.batchers.items() if not key[2])
+        pending = sum(len(b) for key, b in self.batchers.items() if not key.batch_lane)
         return pending + sum(1 for held in self.waiting if not held.batch_lane)
 
     def batch_queued(self) -> int:
-        return sum(len(b) for key, b in self.batchers.items() if key[2])
+        return sum(len(b) for key, b in self.batchers.items() if key.batch_lane)
 
     @property
     def busy(self) -> bool:

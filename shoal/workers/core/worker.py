@@ -1,0 +1,414 @@
+"""The worker core: delivery, for every kind of worker.
+
+One `Worker` runs one `WorkerKind` (kind.py) in a worker process. The core owns
+everything between the queue and the kind, on one event loop:
+
+- the served models: it follows the registry (models registered at run time are served,
+  removed ones dropped, a changed spec applied live where the kind can, else served anew)
+  and, per model, pulls its interactive and its batch lane from their durable consumers
+  whenever the kind says it has room;
+- admission: each item is read (an offloaded one fetched from the payload store; what
+  cannot be read is settled in intake.py), and dropped unrun when its request was
+  cancelled or its deadline passed, or refused when its model does not serve its op;
+  the rest goes to the kind;
+- settling: one table (outcomes.py) says what each outcome tells the queue and the
+  requester; a job that failed its last delivery becomes a dead letter;
+- keepalives (`in_progress` for jobs held a while, so a long queue inside the worker is
+  not mistaken for a dead worker), heartbeats to the gateways, cancels (a cancelled
+  request's held jobs are dropped and acked), and a clean stop: pulling stops, held work
+  gets `DRAIN_SECONDS` to finish, the rest is returned to the queue at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+
+from ...config import Settings
+from ...lifecycle import DRAIN_SECONDS
+from ...model_registry import LiveRegistry, ModelSpec
+from ...queue import Bus, JobFailed, Subjects, WorkerHeartbeat
+from ...queue.dead_letters import DeadLetters
+from ...queue.errors import PayloadStoreError
+from ...queue.messages import ErrorKind, Reply, encode
+from ...queue.payloads import PayloadStore, open_payload_store
+from ...queue.provision import ensure_consumer, ensure_work_stream
+from ...queue.source import Delivery, WorkSource
+from .cancels import CancelledRequests
+from .held import Held
+from .intake import read_job
+from .kind import WorkerKind
+from .outcomes import SETTLE, Outcome
+
+__all__ = ["Served", "Worker"]
+
+log = logging.getLogger(__name__)
+
+_FETCH_MAX = 64
+"""Most items one fetch asks for."""
+_BATCH_LANE_POLL = 0.02
+"""Seconds between looks for room to pull batch-lane work into: its room depends on
+live traffic, which no event announces."""
+_PARAM_OF = {ErrorKind.INVALID_INPUT: "input", ErrorKind.NOT_FOUND: "model"}
+"""The request field a failure names, unless the kind names another."""
+
+
+class Served:
+    """A model the core serves: its spec and its two lanes' sources and pull tasks."""
+
+    __slots__ = ("batch_source", "pulls", "source", "spec")
+
+    def __init__(self, spec: ModelSpec, source: WorkSource, batch_source: WorkSource) -> None:
+        self.spec = spec
+        self.source = source
+        self.batch_source = batch_source
+        """The low-priority batch lane, pulled only into room live work leaves."""
+        self.pulls: list[asyncio.Task] = []
+
+
+class Worker:
+    """Delivery for one worker process; `kind` does the work (see the module doc)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        bus: Bus,
+        registry: LiveRegistry,
+        kind: WorkerKind,
+        worker_id: str | None = None,
+        payloads: PayloadStore | None = None,
+    ) -> None:
+        """`payloads`: where items and replies too large for a message travel (default:
+        from the settings)."""
+        self.settings = settings
+        self.bus = bus
+        self.registry = registry
+        self.kind = kind
+        self.payloads = payloads or open_payload_store(settings, bus)
+        self.subjects = Subjects(settings.nats.subject_prefix)
+        self.worker_id = worker_id or f"{kind.name}-{secrets.token_hex(4)}"
+        self.dead_letters = DeadLetters(bus, settings.nats, self.subjects)
+        self.models: dict[str, Served] = {}
+        self.held: dict[int, Held] = {}
+        self.stopping = False
+        self._state = "loading"
+        self._room = asyncio.Event()
+        self._released = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._settling: set[asyncio.Task] = set()
+        self._cancelled = CancelledRequests(settings.gateway.request_timeout + 60)
+        kind.attach(self)
+
+    @property
+    def state(self) -> str:
+        """`loading`, `ready` or `stopping`, as its heartbeats say."""
+        return self._state
+
+    # Lifecycle -----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, then drain and leave cleanly. Cancelled (a stop
+        while still starting), it leaves at once, returning what it holds."""
+        heartbeat = asyncio.create_task(self._heartbeat())
+        background: list[asyncio.Task] = []
+        try:
+            await ensure_work_stream(self.bus, self.settings.nats, self.subjects)
+            await self.bus.subscribe(self.subjects.cancel, self._on_cancel)
+            await self._reconcile()
+            await self.kind.start()
+            self._state = "ready"
+            await self._send_heartbeat()
+            log.info(
+                "%s %s ready: %s",
+                self.kind.name,
+                self.worker_id,
+                ", ".join(self.kind.ready_models()),
+            )
+            self.registry.add_listener(self._changed.set)
+            background = [
+                asyncio.create_task(self._keepalive()),
+                asyncio.create_task(self._follow_registry()),
+            ]
+            await stop.wait()
+            await self._drain()
+        finally:
+            self.stopping = True
+            for task in background:
+                task.cancel()
+            await self._stop_pulling()
+            for held in list(self.held.values()):
+                await self.settle(held, Outcome.RETURNED)
+            for served in self.models.values():
+                await _close(served)
+            await self.kind.stop()
+            heartbeat.cancel()
+            self._state = "stopping"
+            await self._send_heartbeat()
+
+    async def _drain(self) -> None:
+        """Stop pulling; give held work `DRAIN_SECONDS` (at most `ack_wait`) to finish."""
+        self.stopping = True
+        await self._stop_pulling()
+        deadline = time.monotonic() + min(self.settings.nats.ack_wait, DRAIN_SECONDS)
+        while self.held and time.monotonic() < deadline and self.kind.can_finish():
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), 0.5)
+
+    async def _stop_pulling(self) -> None:
+        pulls = [task for served in self.models.values() for task in served.pulls]
+        for task in pulls:
+            task.cancel()
+        await asyncio.gather(*pulls, return_exceptions=True)
+
+    # The served models ---------------------------------------------------------------
+
+    async def _follow_registry(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            await self._reconcile()
+
+    async def _reconcile(self) -> None:
+        """Serve every registry model the kind serves; drop removed ones; apply changed
+        specs live where the kind can, else serve them anew."""
+        wanted = {spec.id: spec for spec in self.registry if self.kind.serves(spec)}
+        for model, served in list(self.models.items()):
+            spec = wanted.get(model)
+            if spec == served.spec:
+                continue
+            if spec is not None and await self.kind.update_model(served.spec, spec):
+                served.spec = spec
+                continue
+            await self._remove(served)
+        for model, spec in wanted.items():
+            if model not in self.models:
+                await self._add(spec)
+        await self.kind.registry_changed()
+
+    async def _add(self, spec: ModelSpec) -> None:
+        await self.kind.add_model(spec)
+        nats = self.settings.nats
+        sources = []
+        for lane in ("interactive", "batch"):
+            consumer = await ensure_consumer(self.bus, nats, self.subjects, lane, spec.id)
+            sources.append(await self.bus.puller(nats.stream, consumer))
+        served = Served(spec, *sources)
+        self.models[spec.id] = served
+        served.pulls = [
+            asyncio.create_task(self._pull(served, batch_lane=False)),
+            asyncio.create_task(self._pull(served, batch_lane=True)),
+        ]
+
+    async def _remove(self, served: Served) -> None:
+        model = served.spec.id
+        del self.models[model]
+        for task in served.pulls:
+            task.cancel()
+        await asyncio.gather(*served.pulls, return_exceptions=True)
+        for held in [h for h in self.held.values() if h.job.model == model]:
+            await self.settle(held, Outcome.RETURNED)
+        await _close(served)
+        await self.kind.remove_model(model)
+        log.info("stopped serving %s", model)
+
+    # Pulling and admitting -----------------------------------------------------------
+
+    async def _pull(self, served: Served, batch_lane: bool) -> None:
+        source = served.batch_source if batch_lane else served.source
+        model = served.spec.id
+        while not self.stopping:
+            room = self.kind.room(model, batch_lane)
+            if room <= 0:
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._room.wait(), _BATCH_LANE_POLL if batch_lane else 1.0
+                    )
+                continue
+            try:
+                deliveries = await source.fetch(
+                    min(room, _FETCH_MAX), max_wait=0.5 if batch_lane else 1.0
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a reconnect in progress; try again shortly
+                log.warning(
+                    "%s fetch for %s failed: %r", "batch-lane" if batch_lane else "live", model, exc
+                )
+                await asyncio.sleep(0.5)
+                continue
+            if deliveries:
+                await self._admit(served, deliveries, batch_lane)
+
+    async def _admit(self, served: Served, deliveries: list[Delivery], batch_lane: bool) -> None:
+        now = time.time()
+        fresh: list[Held] = []
+        for delivery in deliveries:
+            job = await read_job(
+                self.payloads,
+                self.dead_letters,
+                delivery,
+                self.settings.nats.max_deliver,
+                self.worker_id,
+            )
+            if job is None:
+                continue
+            if job.request_id in self._cancelled:  # its client left while it was queued
+                with contextlib.suppress(Exception):
+                    await delivery.ack()
+                continue
+            held = self.kind.hold(delivery, job, batch_lane)
+            self.held[id(held)] = held
+            if job.deadline <= now:
+                await self.settle(
+                    held, Outcome.EXPIRED, "the request's deadline passed before it ran"
+                )
+            elif held.op not in served.spec.tasks:
+                message = f"model {served.spec.id!r} does not serve {held.op}"
+                await self.settle(held, Outcome.INVALID, message)
+            else:
+                fresh.append(held)
+        if fresh:
+            await self.kind.accept(served.spec.id, fresh, batch_lane)
+
+    # Replying and settling -----------------------------------------------------------
+
+    async def publish(self, held: Held, message: bytes) -> bool:
+        """Publish `message` to the job's reply subject; False (logged) if it fails."""
+        try:
+            await self.bus.publish(held.job.reply_to, message)
+            return True
+        except Exception as exc:
+            log.warning("reply for %s not sent: %r", held.request_id, exc)
+            return False
+
+    async def answer(self, held: Held, result: Reply) -> bool:
+        """Send `result` (through the payload store when too large for a message) and
+        settle the job ANSWERED; True if it was answered."""
+        job = held.job
+        try:
+            message, _ = await self.payloads.offload(
+                encode(result), job.request_id, job.part, job.reply_to, "result"
+            )
+        except PayloadStoreError as exc:
+            text = "the reply is too large for one message and the payload store failed"
+            await self.settle(held, Outcome.UNAVAILABLE, f"{text}: {exc}")
+            return False
+        if not await self.publish(held, message):
+            await self.settle(held, Outcome.UNSENT)  # redelivered, answered again
+            return False
+        await self.settle(held, Outcome.ANSWERED)
+        return True
+
+    async def settle(
+        self, held: Held, outcome: Outcome, message: str = "", param: str | None = None
+    ) -> None:
+        """End `held` as `SETTLE[outcome]` says (the failure it sends says `message` and
+        names `param`); once only."""
+        if held.settled:
+            return
+        held.settled = True
+        self.release(held)
+        rule = SETTLE[outcome]
+        action, delay = rule.action, rule.delay
+        if outcome is Outcome.FAILED:
+            log.error("%s part %d failed: %s", held.request_id, held.job.part, message)
+            if held.delivery.num_delivered >= self.settings.nats.max_deliver:
+                await self.dead_letters.bury_delivery(
+                    held.delivery, reason="max_deliver", error=message, worker_id=self.worker_id
+                )
+                action = "term"
+            elif self.stopping:
+                delay = 0.0  # another worker may take it at once
+        elif rule.failure is not None:
+            job = held.job
+            failure = JobFailed(
+                request_id=job.request_id,
+                part=job.part,
+                kind=rule.failure,
+                message=message,
+                param=param if param is not None else _PARAM_OF.get(rule.failure, ""),
+            )
+            await self.publish(held, encode(failure))
+        await _tell_queue(held, action, delay)
+
+    def release(self, held: Held) -> None:
+        """Stop holding `held` (it is settled, or about to be): its room is free again."""
+        held.done = True
+        if self.held.pop(id(held), None) is not None:
+            self._released.set()
+            self._room.set()
+
+    def signal_room(self) -> None:
+        """The kind has room again: pull."""
+        self._room.set()
+
+    def _on_cancel(self, payload: bytes) -> None:
+        """Drop a cancelled request's held jobs at once and ack them."""
+        request_id = payload.decode(errors="replace")
+        self._cancelled.add(request_id)
+        cancelled = [h for h in self.held.values() if h.request_id == request_id]
+        if not cancelled:
+            return
+        for held in cancelled:
+            self.release(held)  # now, so no batch formed from here on includes it
+        self.kind.drop(cancelled)
+        for held in cancelled:
+            task = asyncio.create_task(self.settle(held, Outcome.CANCELLED))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    # Background ------------------------------------------------------------------------
+
+    async def _keepalive(self) -> None:
+        every = max(0.2, self.settings.nats.ack_wait / 3)
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for held in list(self.held.values()):
+                if now - held.last_progress >= every:
+                    held.last_progress = now
+                    try:
+                        await held.delivery.in_progress()
+                    except Exception as exc:
+                        log.debug("in_progress failed: %r", exc)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await self._send_heartbeat()
+            await asyncio.sleep(self.settings.worker.heartbeat_interval)
+
+    async def _send_heartbeat(self) -> None:
+        fields = {"models": sorted(self.models), **self.kind.heartbeat()}
+        beat = WorkerHeartbeat(
+            worker_id=self.worker_id,
+            state=self._state,  # type: ignore[arg-type]
+            sent_at=time.time(),
+            **fields,
+        )
+        try:
+            await self.bus.publish(self.subjects.heartbeat, encode(beat))
+        except Exception as exc:
+            log.debug("heartbeat failed: %r", exc)
+
+
+async def _tell_queue(held: Held, action: str, delay: float) -> None:
+    try:
+        if action == "ack":
+            await held.delivery.ack()
+        elif action == "term":
+            await held.delivery.term()
+        elif action == "nak":
+            await held.delivery.nak(delay)
+    except Exception as exc:  # the server redelivers it after ack_wait
+        log.warning("could not %s %s: %r", action, held.request_id, exc)
+
+
+async def _close(served: Served) -> None:
+    for source in (served.source, served.batch_source):
+        with contextlib.suppress(Exception):
+            await source.close()
