@@ -39,6 +39,8 @@ ENV_PREFIX = "SHOAL_"
 
 
 class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where NATS is and how Shoal's streams, consumers and buckets are shaped."""
+
     url: str = "nats://127.0.0.1:4222"
     """NATS server(s); a comma-separated list for a cluster."""
     stream: str = "SHOAL_WORK"
@@ -85,6 +87,8 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The gateway's address and its limits on what one request may ask."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     request_timeout: float = 120.0
@@ -211,6 +215,8 @@ class BatchSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What an encoder worker serves, on which device, within which memory."""
+
     models: list[str] = msgspec.field(default_factory=lambda: ["*"])
     """Model ids this worker serves; `*` serves every model in the registry, including
     those registered later through the admin API."""
@@ -235,6 +241,8 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a generation worker serves and with which runtime."""
+
     models: list[str] = msgspec.field(default_factory=lambda: ["*"])
     """Generation models this worker serves; `*` serves every model with the `generate`
     task in the spec files."""
@@ -252,6 +260,8 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Traces (OTLP) and the metrics port of every process."""
+
     metrics_port: int = 0
     """A worker's `/metrics` port (Prometheus text); 0: none. The gateway serves
     `/metrics` on its own port."""
@@ -262,6 +272,8 @@ class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything one Shoal process reads, loaded once in the CLI (defaults, file, env)."""
+
     data_dir: str = ""
     """Where the embedded nats-server keeps its data; default: the per-user data dir."""
     models_file: str = ""

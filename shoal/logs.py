@@ -30,6 +30,8 @@ _encode = msgspec.json.Encoder().encode
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per log record, for log collectors."""
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))

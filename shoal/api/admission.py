@@ -150,6 +150,8 @@ class Admission:
 
 
 class AdmissionMiddleware:
+    """Keys, permissions, rate limits and the in-flight bound, before a body is read."""
+
     def __init__(self, app: Any, admission: Admission) -> None:
         self.app = app
         self.gate = admission

@@ -1,8 +1,12 @@
-"""The gateway's Litestar application."""
+"""The gateway's Litestar application: routes, middleware, error handlers, and the
+lifespan that opens the `Gateway` and runs the batch runner beside it."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -13,8 +17,11 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from .. import __version__
 from ..config import Settings
+from ..lifecycle import Stopped, unless_stopped
 from .admission import Admission, AdmissionMiddleware
+from .batches.runner import BatchRunner
 from .errors import exception_handlers
+from .gateway import Gateway
 from .observe import ObserveMiddleware, Observer
 from .routes import (
     AdminController,
@@ -32,13 +39,39 @@ from .routes import (
     RerankController,
     StatusController,
 )
-from .runtime import Runtime, runtime_lifespan
+from .status import StatusBoard
 
 __all__ = ["create_app"]
 
+log = logging.getLogger(__name__)
 
-def _provide_runtime(state: State) -> Runtime:
-    return state.runtime
+
+def _provide_gateway(state: State) -> Gateway:
+    return state.gateway
+
+
+def _lifespan(settings: Settings, stop: asyncio.Event | None):
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        try:
+            gateway = await unless_stopped(Gateway.open(settings), stop or asyncio.Event())
+        except Stopped:  # the server exits without serving: there is nothing to close
+            log.info("stopped while connecting to NATS")
+            yield
+            return
+        app.state.gateway = gateway
+        app.state.status = StatusBoard(gateway, app.state.observer)
+        runner = BatchRunner(gateway, settings.batches) if settings.batches.run_batches else None
+        if runner is not None:
+            runner.start()
+        try:
+            yield
+        finally:
+            if runner is not None:
+                await runner.close()
+            await gateway.close()
+
+    return lifespan
 
 
 def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litestar:
@@ -61,8 +94,8 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             BatchesController,
             StatusController,
         ],
-        dependencies={"runtime": Provide(_provide_runtime, sync_to_thread=False)},
-        lifespan=[runtime_lifespan(settings, stop)],
+        dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
+        lifespan=[_lifespan(settings, stop)],
         # Keys, rate limits and the in-flight bound are checked before a body is read.
         # Outermost: requests are timed and counted whatever admission says.
         middleware=[

@@ -19,9 +19,28 @@ from litestar.exceptions import (
     ValidationException,
 )
 
-from ..compat.errors import ErrorResponse, ShoalError, error_response
+from ..compat.errors import (
+    ErrorResponse,
+    GatewayTimeoutError,
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    OverloadedError,
+    ShoalError,
+    UnavailableError,
+    error_response,
+)
+from ..queue import (
+    DeadlineExceededError,
+    ErrorKind,
+    JobFailedError,
+    NoWorkerError,
+    QueueFullError,
+    QueueUnavailableError,
+)
+from ..queue.errors import BacklogTooLongError, PayloadStoreError
 
-__all__ = ["exception_handlers"]
+__all__ = ["as_shoal_error", "exception_handlers"]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +98,9 @@ def _validation_error(request: Request, exc: ValidationException) -> Response[by
 
 
 def _http_error(_: Request, exc: HTTPException) -> Response[bytes]:
-    # Litestar blames a body field that shares its name with a dependency (ModelSpec's
-    # `runtime`) on the dependency, and answers 500; it is the client's field.
+    # Litestar blames a body field that shares its name with a dependency on the
+    # dependency, and answers 500 (seen when the gateway's dependency was named like
+    # ModelSpec's `runtime` field); it is the client's field.
     if isinstance(exc, InternalServerException) and isinstance(
         exc.__cause__, msgspec.ValidationError
     ):
@@ -118,3 +138,54 @@ exception_handlers = {
     RecursionError: _recursion_error,
     Exception: _unexpected_error,
 }
+
+
+_KIND_ERRORS: dict[ErrorKind, type[ShoalError]] = {
+    ErrorKind.INVALID_INPUT: InvalidRequestError,
+    ErrorKind.DEADLINE_EXCEEDED: GatewayTimeoutError,
+    ErrorKind.NOT_FOUND: NotFoundError,
+    ErrorKind.UNAVAILABLE: UnavailableError,
+    ErrorKind.INTERNAL: InternalError,
+}
+
+
+def as_shoal_error(exc: Exception, model: str) -> Exception:
+    """The one table from queue-layer failures to HTTP errors."""
+    match exc:
+        case JobFailedError(failure=failure):
+            return _KIND_ERRORS[failure.kind](failure.message, param=failure.param or None)
+        case QueueFullError():
+            return OverloadedError(
+                "The work queue is full; retry after a moment", retry_after=exc.retry_after
+            )
+        case BacklogTooLongError():
+            return UnavailableError(
+                f"Model '{model}' has a backlog its workers would not finish before this "
+                "request's deadline; retry after a moment",
+                code="backlog_too_long",
+                retry_after=exc.retry_after,
+            )
+        case NoWorkerError():
+            return UnavailableError(
+                f"No worker is serving model '{model}' right now",
+                code="no_worker",
+                retry_after=exc.retry_after,
+            )
+        case PayloadStoreError():
+            log.warning("payload store: %s", exc)
+            return UnavailableError(
+                "The request is too large for one queue message and the payload store "
+                "is unreachable; retry after a moment",
+                code="payload_store_unavailable",
+                retry_after=exc.retry_after,
+            )
+        case QueueUnavailableError():
+            log.warning("queue unavailable: %s", exc)
+            return UnavailableError(
+                "The work queue is unreachable; retry after a moment",
+                retry_after=exc.retry_after,
+            )
+        case DeadlineExceededError():
+            return GatewayTimeoutError("The request was not answered before its deadline")
+        case _:
+            return exc

@@ -19,7 +19,8 @@ from ..queue import GenerateJob
 from ..queue.messages import ChoiceDelta
 from ..queue.streams import StreamAssembler, StreamDivergedError
 from .admission import meter_usage
-from .runtime import Runtime, as_shoal_error
+from .errors import as_shoal_error
+from .gateway import Gateway
 
 __all__ = ["Generation"]
 
@@ -28,12 +29,14 @@ _DONE = object()
 
 class Generation:
     """Iterate for lists of deltas; afterwards `prompt_tokens`, `completion_tokens` and
-    `prompts` (the echoed prompt per choice) are set."""
+    `prompts` (the echoed prompt per choice) are set (a `DeltaStream` for compat's
+    renderers)."""
 
-    def __init__(self, runtime: Runtime, jobs: list[GenerateJob], model: str) -> None:
-        self._runtime = runtime
+    def __init__(self, gateway: Gateway, jobs: list[GenerateJob], model: str) -> None:
+        self._gateway = gateway
         self._jobs = jobs
-        self._model = model
+        self.model = model
+        """The model's name in responses."""
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.choices = sum(job.n for job in jobs)
@@ -41,7 +44,7 @@ class Generation:
 
     async def __aiter__(self) -> AsyncIterator[list[ChoiceDelta]]:
         queue: asyncio.Queue = asyncio.Queue()
-        deadline = time.time() + self._runtime.request_timeout
+        deadline = time.time() + self._gateway.request_timeout
         tasks = [asyncio.create_task(self._run(job, queue, deadline)) for job in self._jobs]
         try:
             running = len(tasks)
@@ -60,12 +63,12 @@ class Generation:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, job: GenerateJob, queue: asyncio.Queue, deadline: float) -> None:
-        dispatcher = self._runtime.dispatcher
+        dispatcher = self._gateway.dispatcher
         request_id = f"{job.request_id}.{job.part}"
         assembler = StreamAssembler(job.first_index, job.n)
         try:
             stream = dispatcher.stream(
-                request_id, _with_id(job, request_id), self._runtime.lane, deadline
+                request_id, _with_id(job, request_id), self._gateway.lane, deadline
             )
             async with contextlib.aclosing(stream):
                 async for chunk in stream:
@@ -88,7 +91,7 @@ class Generation:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            queue.put_nowait(as_shoal_error(exc, self._model))
+            queue.put_nowait(as_shoal_error(exc, self.model))
 
 
 def _with_id(job: GenerateJob, request_id: str) -> GenerateJob:

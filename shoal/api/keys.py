@@ -44,12 +44,16 @@ _KEY_PREFIX = "sk-shoal-"
 
 
 class AuthenticationError(ShoalError):
+    """401: no API key, or an unknown one."""
+
     status_code = 401
     openai_type = "invalid_request_error"
     code = "invalid_api_key"
 
 
 class PermissionDeniedError(ShoalError):
+    """403: the key may not call this route group or use this model."""
+
     status_code = 403
     openai_type = "invalid_request_error"
     code = "permission_denied"

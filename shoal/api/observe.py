@@ -228,6 +228,8 @@ def _error_of(body: bytes) -> tuple[str, str]:
 
 
 class ObserveMiddleware:
+    """Times and counts every request, whatever answered it."""
+
     def __init__(self, app: Any, observer: Observer) -> None:
         self.app = app
         self.observer = observer

@@ -21,6 +21,8 @@ __all__ = ["Bucket", "RateLimiter", "Verdict"]
 
 
 class Bucket:
+    """One key's allowance of requests or tokens, refilled continuously."""
+
     __slots__ = ("capacity", "level", "rate", "updated")
 
     def __init__(self, per_minute: int, now: float) -> None:
@@ -69,6 +71,8 @@ def _duration(seconds: float) -> str:
 
 
 class RateLimiter:
+    """Every key's request and token buckets in this gateway process."""
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._requests: dict[str, Bucket] = {}

@@ -16,8 +16,8 @@ from .. import telemetry
 from ..queue.depth import QueueDepth, QueueDepths
 from ..queue.messages import WorkerHeartbeat
 from ..queue.subjects import Subjects
+from .gateway import Gateway
 from .observe import Observer
-from .runtime import Runtime
 
 __all__ = ["StatusBoard"]
 
@@ -29,11 +29,11 @@ class StatusBoard:
     """One per gateway process: builds the status document and exports the queue and
     worker gauges."""
 
-    def __init__(self, runtime: Runtime, observer: Observer) -> None:
-        self.runtime = runtime
+    def __init__(self, gateway: Gateway, observer: Observer) -> None:
+        self.gateway = gateway
         self.observer = observer
-        nats = runtime.settings.nats
-        self.depths = QueueDepths(runtime.bus, nats.stream, Subjects(nats.subject_prefix))
+        nats = gateway.settings.nats
+        self.depths = QueueDepths(gateway.bus, nats.stream, Subjects(nats.subject_prefix))
         meter = telemetry.meter("shoal.gateway")
         meter.create_observable_gauge(
             "shoal.queue.pending",
@@ -49,7 +49,7 @@ class StatusBoard:
         )
         meter.create_observable_gauge(
             "shoal.workers.live",
-            callbacks=[lambda _: [Observation(len(runtime.dispatcher.live_workers()))]],
+            callbacks=[lambda _: [Observation(len(gateway.dispatcher.live_workers()))]],
             unit="1",
             description="Workers whose heartbeats this gateway hears",
         )
@@ -69,11 +69,11 @@ class StatusBoard:
         now = time.time()
         stats = self.observer.stats
         rate, p50, p99 = stats.window(now, _WINDOW)
-        workers = self.runtime.dispatcher.live_workers()
+        workers = self.gateway.dispatcher.live_workers()
         return {
             "now": now,
             "gateway": {
-                "id": self.runtime.dispatcher.gateway_id,
+                "id": self.gateway.dispatcher.gateway_id,
                 "started_at": self.observer.started_at,
             },
             "totals": dict(stats.totals),
@@ -101,7 +101,7 @@ class StatusBoard:
         self, workers: list[WorkerHeartbeat], requests: dict[str, int]
     ) -> list[dict[str, Any]]:
         models = []
-        for spec in self.runtime.registry:
+        for spec in self.gateway.registry:
             served_by = [
                 b.worker_id
                 for b in workers

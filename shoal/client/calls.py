@@ -16,16 +16,10 @@ import msgspec
 import numpy as np
 
 from ..compat.extensions import ShoalOptions
+from ..compat.multivector import NativeMultiVectorRequest, NativeMultiVectorResponse
 from ..compat.native import NativeEmbedRequest, NativeEmbedResponse
-from ..compat.tasks import (
-    NativeMultiVectorRequest,
-    NativeMultiVectorResponse,
-    NativeNerRequest,
-    NerEntity,
-    NerResponse,
-    RerankRequest,
-    RerankResponse,
-)
+from ..compat.ner import NativeNerRequest, NerEntity, NerResponse
+from ..compat.rerank import RerankRequest, RerankResponse
 from .errors import RateLimitError, ShoalAPIError, UnavailableError
 
 __all__ = ["Call", "Dtype", "RetryPolicy", "embed", "multivector", "ner", "rerank"]

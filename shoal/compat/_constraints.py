@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["INT32_MAX", "Count", "ModelName", "Seed", "TokenId"]
+__all__ = ["INT32_MAX", "Count", "ModelName", "Score", "Seed", "TokenId"]
 
 INT32_MAX = 2**31 - 1
 """Bound for ints that only count things. JSON ints have no size limit, but every int
@@ -20,3 +20,5 @@ Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 """A sampling seed: any int64 (torch's generators take 64 bits)."""
 Count = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
 """How many of something (labels, choices) a request asks for."""
+Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+"""A probability-like score threshold."""

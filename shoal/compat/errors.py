@@ -42,6 +42,8 @@ class ErrorResponse(msgspec.Struct):
 
 
 class ShoalError(Exception):
+    """Every error a client sees: an HTTP status and OpenAI's error envelope."""
+
     status_code: int = 500
     openai_type: str = "server_error"
     code: str | None = None

@@ -17,11 +17,14 @@ from .errors import InvalidRequestError, PayloadTooLargeError
 __all__ = [
     "RESULT_BYTES_PER_ITEM",
     "Envelope",
+    "Usage",
     "check_count",
     "check_texts",
     "check_token_ids",
+    "checked_texts",
     "split_points",
     "text_parts",
+    "texts_of",
 ]
 
 RESULT_BYTES_PER_ITEM = 768 * 1024
@@ -128,6 +131,35 @@ def check_token_ids(
             "per request",
             param=param,
         )
+
+
+def texts_of(value: str | list[str], param: str = "input") -> list[str]:
+    """A request's texts: one string, or a non-empty list.
+
+    Raises: InvalidRequestError for an empty list."""
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise InvalidRequestError(f"'{param}' must not be empty", param=param)
+    return texts
+
+
+def checked_texts(texts: list[str], limits: GatewaySettings, param: str) -> list[str]:
+    """`texts`, within the gateway's limits on their count and length."""
+    check_count(len(texts), limits, param)
+    check_texts(texts, limits, param)
+    return texts
+
+
+class Usage(msgspec.Struct):
+    """Tokens an encoder request used (its inputs'), as the workers counted them."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, results: Sequence[Any]) -> Usage:
+        tokens = sum(r.prompt_tokens for r in results)
+        return cls(tokens, tokens)
 
 
 def text_parts(

@@ -8,19 +8,29 @@ row-major), "shape": [rows, dims], "dtype", "usage": {"prompt_tokens", "total_to
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
+from ..config import GatewaySettings
+from ..model_registry import ModelSpec
+from ..queue.messages import EmbedJob, EmbedResult
+from ..queue.subjects import Task
 from ._constraints import ModelName
-from .embed import EmbedOptions, Vectors
+from .embed import EmbedOptions, Vectors, build_embed_jobs, join_vectors
 from .errors import InvalidRequestError
 from .extensions import ShoalOptions
+from .jobs import Envelope
 
 __all__ = ["NativeEmbedRequest", "NativeEmbedResponse", "NativeUsage"]
 
 
 class NativeEmbedRequest(msgspec.Struct, kw_only=True):
+    """`POST /native/v1/embed`'s body (msgpack)."""
+
+    op: ClassVar[Task] = "embed"
+
     model: ModelName
     inputs: list[str]
     dtype: Literal["float32", "float16"] = "float32"
@@ -42,6 +52,12 @@ class NativeEmbedRequest(msgspec.Struct, kw_only=True):
         if any(not text for text in self.inputs):
             raise InvalidRequestError("'inputs' must not contain empty strings", param="inputs")
         return self.inputs
+
+    def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> list[EmbedJob]:
+        return build_embed_jobs(env, spec, self.options(), limits, texts=self.texts())
+
+    def respond(self, results: Sequence[EmbedResult], model: str) -> NativeEmbedResponse:
+        return NativeEmbedResponse.from_vectors(join_vectors(results), model)
 
 
 class NativeUsage(msgspec.Struct):

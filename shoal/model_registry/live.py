@@ -51,6 +51,8 @@ _decode_override = msgspec.msgpack.Decoder(_ProfileOverride).decode
 
 
 class KeyValueStore(Protocol):
+    """Where run-time registrations live (a JetStream bucket)."""
+
     async def put(self, key: str, value: bytes) -> None: ...
 
     async def delete(self, key: str) -> None: ...
@@ -61,6 +63,8 @@ class KeyValueStore(Protocol):
 
 
 class UnknownAdapterError(LookupError):
+    """No such adapter of that model."""
+
     def __init__(self, base: str, name: str) -> None:
         super().__init__(f"{base}:{name}")
         self.base = base
@@ -76,6 +80,8 @@ def _adapter_key(base: str, name: str) -> str:
 
 
 class LiveRegistry:
+    """The spec files' models plus those registered at run time, followed live by every process."""
+
     def __init__(self, static: ModelRegistry, store: KeyValueStore | None = None) -> None:
         self._static = static
         self._store = store

@@ -14,6 +14,8 @@ BUILTIN_SPEC = Path(str(resources.files(__package__) / "models.toml"))
 
 
 class UnknownModelError(LookupError):
+    """No model by that name or alias."""
+
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name

@@ -91,6 +91,8 @@ class MultiVectorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
 
 
 class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One model: what it serves, where its weights come from, how it is batched."""
+
     id: ModelId
     tasks: list[Task]
     """What the model serves; the runtime decides which combinations are possible."""

@@ -18,9 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-import nats.errors
-import nats.js.errors
-
+from .errors import QueueUnavailableError
 from .nats import Bus
 from .subjects import Subjects
 
@@ -70,6 +68,8 @@ class _Model:
 
 
 class BacklogMonitor:
+    """Estimates how long each model's queue takes to drain, from JetStream's counts."""
+
     def __init__(
         self,
         bus: Bus,
@@ -139,17 +139,16 @@ class BacklogMonitor:
     async def _poll(self, model: str, state: _Model) -> None:
         consumer = self._subjects.consumer("interactive", model)
         try:
-            info = await self._bus.jsm.consumer_info(self._stream, consumer)
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            [info] = await self._bus.consumer_states(self._stream, consumer)
+        except QueueUnavailableError as exc:
             log.debug("backlog of %s unknown: %r", model, exc)
             return  # no worker made the consumer yet, or NATS is away: no estimate
         now = self._clock()
-        state.pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
+        state.pending = info.pending + info.ack_pending
         # Items finished so far: deliveries less those still unacked (a redelivery counts
         # twice, a small overcount). Not the ack floor: batches ack out of order, and the
         # floor only moves when the oldest delivery is acked.
-        delivered = info.delivered.consumer_seq if info.delivered else 0
-        finished = max(0, (delivered or 0) - (info.num_ack_pending or 0))
+        finished = max(0, info.delivered - info.ack_pending)
         if state.finished < 0 or finished < state.finished:  # first look, or a new consumer
             state.finished, state.progress_at = finished, now
             return

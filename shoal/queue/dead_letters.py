@@ -23,9 +23,9 @@ import time
 from typing import Any
 
 import msgspec
-import nats.js.errors
 
 from ..config import NatsSettings
+from .errors import QueueUnavailableError
 from .messages import ErrorKind, JobFailed, decode_job_header, encode
 from .nats import Bus
 from .source import Delivery
@@ -93,6 +93,8 @@ def _route(subject: str) -> tuple[str, str, str]:
 
 
 class DeadLetters:
+    """Burying items that will never succeed, answering their requests, and reading them back."""
+
     def __init__(self, bus: Bus, settings: NatsSettings, subjects: Subjects) -> None:
         self._bus = bus
         self._settings = settings
@@ -188,27 +190,27 @@ class DeadLetters:
         """Bury items JetStream gave up redelivering (their workers kept dying). Every
         gateway subscribes; the queue group hands each advisory to one of them."""
         subject = _ADVISORY.format(stream=self._settings.stream)
-        self._sub = await self._bus.nc.subscribe(subject, queue=_QUEUE_GROUP, cb=self._on_advisory)
+        self._sub = await self._bus.subscribe(subject, self._on_advisory, queue=_QUEUE_GROUP)
 
-    async def _on_advisory(self, msg: Any) -> None:
+    async def _on_advisory(self, payload: bytes) -> None:
         try:
-            advisory = json.loads(msg.data)
+            advisory = json.loads(payload)
             seq = int(advisory["stream_seq"])
             deliveries = int(advisory.get("deliveries", 0))
         except (ValueError, KeyError, TypeError):
-            log.warning("unreadable max-deliveries advisory: %r", msg.data[:200])
+            log.warning("unreadable max-deliveries advisory: %r", payload[:200])
             return
         stream = self._settings.stream
         try:
-            raw = await self._bus.jsm.get_msg(stream, seq)
-        except nats.js.errors.NotFoundError:
-            return  # its worker settled it on the last delivery (and buried it if it failed)
-        except Exception as exc:
+            raw = await self._bus.stored(stream, seq)
+        except QueueUnavailableError as exc:
             log.warning("cannot read exhausted item %d: %r", seq, exc)
             return
+        if raw is None:
+            return  # its worker settled it on the last delivery (and buried it if it failed)
         await self.bury(
-            raw.data or b"",
-            raw.subject or "",
+            raw.data,
+            raw.subject,
             seq,
             reason="worker_crashed",
             error=f"every worker that took it stopped without settling it ({deliveries} "
@@ -216,36 +218,33 @@ class DeadLetters:
             deliveries=deliveries,
         )
         with contextlib.suppress(Exception):
-            await self._bus.jsm.delete_msg(stream, seq)
+            await self._bus.delete_stored(stream, seq)
 
     # Reading them back ---------------------------------------------------------------
 
     async def recent(self, limit: int, model: str = "") -> list[tuple[int, DeadLetter]]:
         """Up to `limit` letters, newest first, as (letter seq, letter); only `model`'s
         if given (filtered while reading at most `_MAX_SCAN` letters back)."""
-        jsm = self._bus.jsm
         stream = self._settings.dead_stream
         try:
-            info = await jsm.stream_info(stream)
-        except nats.js.errors.NotFoundError:
-            return []
+            state = await self._bus.stream_state(stream)
+        except QueueUnavailableError:
+            return []  # no letters yet (the stream is made with the first)
         out: list[tuple[int, DeadLetter]] = []
-        first, seq = max(1, info.state.first_seq), info.state.last_seq
+        first, seq = max(1, state["first_seq"]), state["last_seq"]
         scanned = 0
         while seq >= first and len(out) < limit and scanned < _MAX_SCAN:
             scanned += 1
-            try:
-                raw = await jsm.get_msg(stream, seq)
-            except nats.js.errors.NotFoundError:  # deleted, or aged out meanwhile
-                seq -= 1
-                continue
+            raw = await self._bus.stored(stream, seq)
             seq -= 1
+            if raw is None:  # deleted, or aged out meanwhile
+                continue
             try:
-                letter = _decode_letter(raw.data or b"")
+                letter = _decode_letter(raw.data)
             except msgspec.DecodeError:
                 continue
             if not model or letter.model == model:
-                out.append((raw.seq or seq + 1, letter))
+                out.append((raw.seq, letter))
         return out
 
     async def close(self) -> None:

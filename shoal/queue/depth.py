@@ -12,9 +12,8 @@ import logging
 import time
 
 import msgspec
-import nats.errors
-import nats.js.errors
 
+from .errors import QueueUnavailableError
 from .nats import Bus
 from .subjects import Subjects, token_model
 
@@ -27,6 +26,8 @@ _FRESH_FOR = 1.0
 
 
 class QueueDepth(msgspec.Struct, frozen=True):
+    """One work consumer's pending and in-flight items."""
+
     subject: str
     """The consumer's filter: `{prefix}.work.{lane}.{model}.*`."""
     lane: str
@@ -38,6 +39,8 @@ class QueueDepth(msgspec.Struct, frozen=True):
 
 
 class QueueDepths:
+    """Every work consumer's depth, read from JetStream at most once a second."""
+
     def __init__(self, bus: Bus, stream: str, subjects: Subjects) -> None:
         self._bus = bus
         self._stream = stream
@@ -53,14 +56,14 @@ class QueueDepths:
             return self.latest
         self._read_at = now
         try:
-            infos = await self._bus.jsm.consumers_info(self._stream)
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            infos = await self._bus.consumer_states(self._stream)
+        except QueueUnavailableError as exc:
             log.debug("queue depth unknown: %r", exc)
             return self.latest
         depths = []
         prefix = f"{self._subjects.prefix}.work."
         for info in infos:
-            subject = info.config.filter_subject or ""
+            subject = info.filter_subject
             parts = subject.removeprefix(prefix).split(".")
             if not subject.startswith(prefix) or len(parts) != 3:
                 continue  # not one of ours (a consumer someone added by hand)
@@ -69,8 +72,8 @@ class QueueDepths:
                     subject=subject,
                     lane=parts[0],
                     model=token_model(parts[1]),
-                    pending=info.num_pending or 0,
-                    in_flight=info.num_ack_pending or 0,
+                    pending=info.pending,
+                    in_flight=info.ack_pending,
                 )
             )
         self.latest = sorted(depths, key=lambda d: (d.lane != "interactive", d.model))

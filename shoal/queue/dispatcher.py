@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 
 
 class LiveWorker(msgspec.Struct):
+    """What the gateway knows of one worker from its heartbeats."""
+
     heartbeat: WorkerHeartbeat
     seen_at: float
 
@@ -91,6 +93,9 @@ class _Pending:
 
 
 class Dispatcher:
+    """The gateway's side of the queue: publishes a request's jobs, gathers their replies on
+    its inbox, streams generation chunks, cancels, and knows the live workers."""
+
     def __init__(
         self,
         bus: Bus,

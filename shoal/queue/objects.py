@@ -45,6 +45,8 @@ class ObjectNotFoundError(ObjectStoreError):
 
 
 class ObjectStore(Protocol):
+    """Files, batch parts and offloaded payloads: a directory or an S3 bucket."""
+
     async def put(self, key: str, chunks: AsyncIterable[bytes]) -> int:
         """Store the concatenated chunks under `key` (replacing it); returns its size."""
         ...
@@ -75,6 +77,8 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
 
 
 class LocalObjectStore:
+    """An object store in a local directory (one machine)."""
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
@@ -140,6 +144,8 @@ class LocalObjectStore:
 
 
 class S3ObjectStore:
+    """An object store in an S3 bucket (shared by every process)."""
+
     def __init__(
         self, s3: S3Settings, bucket: str, prefix: str = "", part_bytes: int = 8 << 20
     ) -> None:

@@ -29,10 +29,19 @@ HEADROOM = 16 << 10
 
 
 class PayloadStore:
+    """Where work items and replies too large for one NATS message travel, a reference
+    to them in the message instead."""
+
     def __init__(self, objects: ObjectStore, offload_bytes: int, max_payload: int) -> None:
         self.objects = objects
         self.limit = min(offload_bytes, max_payload - HEADROOM)
         """Messages longer than this go to the store."""
+
+    @classmethod
+    def on(cls, objects: ObjectStore, settings: Settings, bus: Bus) -> PayloadStore:
+        """Over `objects`, with the settings' offload threshold and the connected
+        server's message limit."""
+        return cls(objects, settings.nats.offload_bytes, bus.max_payload)
 
     def fits(self, message: bytes) -> bool:
         return len(message) <= self.limit
@@ -98,7 +107,7 @@ def open_payload_store(settings: Settings, bus: Bus) -> PayloadStore:
     """The store the settings' `objects` pick (the gateway's files live there too), with
     the offload threshold from the settings and the connected server."""
     objects = open_object_store(settings.objects, settings.s3, settings.data_dir)
-    return PayloadStore(objects, settings.nats.offload_bytes, bus.max_payload)
+    return PayloadStore.on(objects, settings, bus)
 
 
 def key_for(request_id: str, part: int, kind: str) -> str:

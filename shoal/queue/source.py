@@ -60,6 +60,8 @@ class Delivery(Protocol):
 
 
 class WorkSource(Protocol):
+    """Where a worker pulls one model's lane from."""
+
     async def fetch(self, max_items: int, max_wait: float) -> list[Delivery]:
         """Up to `max_items` deliveries: at once if some are waiting, else the first to
         arrive within `max_wait` seconds; `[]` if none came."""

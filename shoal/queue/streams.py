@@ -20,6 +20,8 @@ class StreamDivergedError(Exception):
 
 
 class StreamAssembler:
+    """Turns one job's generation chunks into deltas, once each, across redeliveries."""
+
     def __init__(self, first_index: int, n: int) -> None:
         self._first = first_index
         self._sent = [""] * n

@@ -42,6 +42,8 @@ _EWMA = 0.2
 
 
 class Batcher(Generic[T]):
+    """Pending units of one (model, op, adapter, lane), cut into token-budget batches."""
+
     def __init__(self, profile: BatchProfile, clock: Callable[[], float]) -> None:
         self.profile = profile
         self._clock = clock

@@ -29,6 +29,8 @@ ModelState = Literal["unloaded", "loading", "resident", "failed"]
 
 
 class EncoderModel:
+    """A model an encoder worker serves, resident or not, with its batchers."""
+
     def __init__(
         self, spec: ModelSpec, adapter: EncoderAdapter, clock: Callable[[], float]
     ) -> None:

@@ -30,6 +30,8 @@ class Unit:
 
 
 class HeldJob(Held):
+    """An encoder job in a worker: its rows and their outputs."""
+
     __slots__ = (
         "batch_seen",
         "forward_ended",

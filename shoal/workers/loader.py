@@ -30,12 +30,16 @@ RETRY_FAILED_AFTER = 10.0
 
 
 class LoadError(Exception):
+    """A model or adapter cannot be fetched, loaded or fit."""
+
     def __init__(self, message: str, not_found: bool = False) -> None:
         super().__init__(message)
         self.not_found = not_found
 
 
 class Loader:
+    """Loads and evicts an encoder worker's models and their LoRA adapters."""
+
     def __init__(
         self,
         residency: Residency,

@@ -31,6 +31,8 @@ _RATE_WINDOW = 5.0
 
 
 class WorkerMetrics:
+    """A worker's metrics, and the throughput its heartbeats report."""
+
     def __init__(self, kind: str, memory: Callable[[], tuple[int, int, int]] | None = None):
         """`kind`: `encoder` or `generator`. `memory()`: resident bytes, loads, evictions."""
         meter = telemetry.meter(f"shoal.{kind}")

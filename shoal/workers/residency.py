@@ -17,6 +17,8 @@ __all__ = ["ModelTooLargeError", "Residency", "available_memory", "weight_bytes"
 
 
 class ModelTooLargeError(Exception):
+    """The model does not fit the memory budget even alone."""
+
     def __init__(self, model: str, need: int, room: int) -> None:
         super().__init__(
             f"model '{model}' needs about {need / 2**20:.0f} MiB, more than the "
@@ -26,6 +28,8 @@ class ModelTooLargeError(Exception):
 
 
 class Residency:
+    """Which models are loaded and what to evict to fit the next one."""
+
     def __init__(self, budget: int, pinned: Collection[str], clock: Callable[[], float]) -> None:
         self.budget = budget
         self.pinned = set(pinned)

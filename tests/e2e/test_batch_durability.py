@@ -27,7 +27,10 @@ FAST = {
     "SHOAL_BATCHES__LEASE_SECONDS": "3",
     "SHOAL_NATS__ACK_WAIT": "3",
     "SHOAL_GATEWAY__NO_WORKER_POLICY": "queue",
-    # Throttled: 8 lines in flight, each its own request.
+}
+THROTTLED = {
+    **FAST,
+    # 8 lines in flight, each its own request: still running when the kill comes.
     "SHOAL_BATCHES__MAX_IN_FLIGHT": "8",
     "SHOAL_BATCHES__PACK_INPUTS": "1",
 }
@@ -83,7 +86,7 @@ def test_runner_killed_mid_batch_another_finishes_it_exactly_once(
 ) -> None:
     env = {**FAST, **backend}
     worker = start_worker(nats_server.url, tmp_path, extra=env)
-    first, base = start_gateway(nats_server.url, tmp_path, env)
+    first, base = start_gateway(nats_server.url, tmp_path, {**env, **THROTTLED})
     second = None
     try:
         wait_ready(base, worker)
@@ -91,7 +94,7 @@ def test_runner_killed_mid_batch_another_finishes_it_exactly_once(
         batch_id = start_batch(oai)
         wait_mid_batch(oai, batch_id)
         first.kill()
-        second, base = start_gateway(nats_server.url, tmp_path, env)
+        second, base = start_gateway(nats_server.url, tmp_path, env)  # at full speed
         assert_exactly_once(client(base), batch_id)
         assert "resuming with" in second.log()
     finally:
@@ -104,7 +107,7 @@ def test_worker_killed_mid_batch_the_batch_still_completes_exactly_once(
     nats_server, tmp_path: Path
 ) -> None:
     worker = start_worker(nats_server.url, tmp_path, extra=FAST, name="first-worker")
-    gateway, base = start_gateway(nats_server.url, tmp_path, FAST)
+    gateway, base = start_gateway(nats_server.url, tmp_path, THROTTLED)
     replacement = None
     try:
         wait_ready(base, worker)

@@ -138,6 +138,7 @@ class Rig:
 
     async def consumer(self) -> Any:
         name = f"interactive-{MODEL}"
+        # The full consumer info (redeliveries, ack floor): nats-py's, for the test's eyes.
         return await self.bus.jsm.consumer_info(self.settings.nats.stream, name)
 
     async def close(self) -> None:

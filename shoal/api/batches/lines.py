@@ -16,7 +16,7 @@ import numpy as np
 
 from ...compat.errors import ShoalError
 from ...compat.openai.batches import BatchError, BatchInputLine
-from ..endpoints import Endpoint
+from ..answer import Endpoint
 
 __all__ = ["CheckedLine", "LineError", "Validation", "check_line", "input_lines", "validate"]
 

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
-from ...compat.embed import Vectors
+from ...compat.embed import Vectors, join_vectors
 from ...compat.errors import ShoalError
 from ...compat.openai import EmbeddingRequest, EmbeddingResponse
+from ..answer import results_of
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..gateway import Gateway
 
 __all__ = ["Pack", "PackedLine", "packed_line"]
 
@@ -27,6 +28,8 @@ _encode = msgspec.json.Encoder().encode
 
 
 class PackedLine(NamedTuple):
+    """An embeddings line, decoded, ready to travel in a pack."""
+
     index: int
     custom_id: str
     raw: bytes
@@ -62,6 +65,8 @@ def packed_line(index: int, custom_id: str, raw: bytes, body: object) -> PackedL
 
 
 class Pack:
+    """Consecutive embeddings lines sent as one request, answered line by line."""
+
     def __init__(self, first: PackedLine, max_inputs: int) -> None:
         self.lines = [first]
         self.key = first.key
@@ -76,18 +81,18 @@ class Pack:
         self.inputs += line.count
         return True
 
-    async def embed(self, runtime: Runtime) -> tuple[Vectors, str]:
+    async def embed(self, gateway: Gateway) -> tuple[Vectors, str]:
         """Every line's inputs in one request; the vectors and the model's public name.
 
         Raises:
             ShoalError: as the live route would for a request of all these inputs.
         """
         first = self.lines[0].body
-        target = runtime.resolve(first.model, "embed", first.shoal)
         texts = [t for line in self.lines for t in line.texts]
         token_ids = [ids for line in self.lines for ids in line.token_ids]
-        vectors = await runtime.embed(target, first.options(), texts=texts, token_ids=token_ids)
-        return vectors, target.name
+        merged = msgspec.structs.replace(first, input=texts or token_ids)
+        results, target = await results_of(gateway, merged)
+        return join_vectors(results), target.name
 
     def answers(self, vectors: Vectors, model: str) -> list[bytes]:
         """Each line's response body, in the pack's order."""

@@ -32,7 +32,7 @@ from ...model_registry import (
     UnknownAdapterError,
     UnknownModelError,
 )
-from ..runtime import Runtime, RuntimeDep
+from ..gateway import Gateway, GatewayDep
 from ._openapi import CHANGE_ERRORS, RESOURCE_ERRORS
 
 __all__ = ["AdminController"]
@@ -40,14 +40,14 @@ __all__ = ["AdminController"]
 _REGISTERED_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
-def _info(runtime: Runtime, spec: ModelSpec) -> ModelInfo:
-    origin = "spec_file" if runtime.registry.is_builtin(spec.id) else "registered"
-    return ModelInfo(spec, origin, runtime.registry.adapters(spec.id))  # type: ignore[arg-type]
+def _info(gateway: Gateway, spec: ModelSpec) -> ModelInfo:
+    origin = "spec_file" if gateway.registry.is_builtin(spec.id) else "registered"
+    return ModelInfo(spec, origin, gateway.registry.adapters(spec.id))  # type: ignore[arg-type]
 
 
-async def _check_source(runtime: Runtime, source: str) -> None:
+async def _check_source(gateway: Gateway, source: str) -> None:
     try:
-        await asyncio.to_thread(runtime.sources.check, source)
+        await asyncio.to_thread(gateway.sources.check, source)
     except SourceError as exc:
         raise InvalidRequestError(
             f"source {source!r} cannot be used: {exc}", param="source", code="source_unavailable"
@@ -63,23 +63,23 @@ class AdminController(Controller):
         summary="Models, where each comes from, and their adapters",
         responses=RESOURCE_ERRORS,
     )
-    async def list_models(self, runtime: RuntimeDep) -> ModelInfoList:
-        return ModelInfoList([_info(runtime, spec) for spec in runtime.registry])
+    async def list_models(self, gateway: GatewayDep) -> ModelInfoList:
+        return ModelInfoList([_info(gateway, spec) for spec in gateway.registry])
 
     @post("/models", status_code=201, summary="Register a model", responses=CHANGE_ERRORS)
-    async def register_model(self, data: ModelSpec, runtime: RuntimeDep) -> ModelInfo:
+    async def register_model(self, data: ModelSpec, gateway: GatewayDep) -> ModelInfo:
         if not _REGISTERED_ID.fullmatch(data.id):
             raise InvalidRequestError(
                 "registered model ids use letters, digits, '.', '_' and '-' only "
                 "(give hub-style names as aliases)",
                 param="id",
             )
-        await _check_source(runtime, data.source)
+        await _check_source(gateway, data.source)
         try:
-            await runtime.registry.register_model(data)
+            await gateway.registry.register_model(data)
         except RegistryConflictError as exc:
             raise ConflictError(str(exc), param="id") from None
-        return _info(runtime, data)
+        return _info(gateway, data)
 
     @delete(
         "/models/{model_id:str}",
@@ -87,18 +87,18 @@ class AdminController(Controller):
         summary="Remove a registered model",
         responses=CHANGE_ERRORS,
     )
-    async def remove_model(self, model_id: str, runtime: RuntimeDep) -> None:
+    async def remove_model(self, model_id: str, gateway: GatewayDep) -> None:
         try:
-            await runtime.registry.remove_model(model_id)
+            await gateway.registry.remove_model(model_id)
         except UnknownModelError:
             raise ModelNotFoundError(model_id) from None
         except RegistryConflictError as exc:
             raise ConflictError(str(exc), param="model") from None
 
     @get("/models/{model_id:str}/adapters", summary="A model's adapters", responses=RESOURCE_ERRORS)
-    async def list_adapters(self, model_id: str, runtime: RuntimeDep) -> list[AdapterSpec]:
-        spec = runtime.resolve(model_id, op=None).spec
-        return runtime.registry.adapters(spec.id)
+    async def list_adapters(self, model_id: str, gateway: GatewayDep) -> list[AdapterSpec]:
+        spec = gateway.resolve(model_id, op=None).spec
+        return gateway.registry.adapters(spec.id)
 
     @post(
         "/models/{model_id:str}/adapters",
@@ -107,18 +107,18 @@ class AdminController(Controller):
         responses=CHANGE_ERRORS,
     )
     async def register_adapter(
-        self, model_id: str, data: AdapterRegistration, runtime: RuntimeDep
+        self, model_id: str, data: AdapterRegistration, gateway: GatewayDep
     ) -> AdapterSpec:
-        spec = runtime.resolve(model_id, op=None).spec
+        spec = gateway.resolve(model_id, op=None).spec
         if spec.runtime not in ("sentence-transformers", "transformers", "sglang"):
             raise InvalidRequestError(
                 f"model '{spec.id}' (runtime {spec.runtime}) cannot take LoRA adapters",
                 param="model",
             )
-        await _check_source(runtime, data.source)
+        await _check_source(gateway, data.source)
         adapter = data.to_spec(spec.id)
         try:
-            await runtime.registry.register_adapter(adapter)
+            await gateway.registry.register_adapter(adapter)
         except RegistryConflictError as exc:
             raise ConflictError(str(exc), param="name") from None
         return adapter
@@ -129,10 +129,10 @@ class AdminController(Controller):
         summary="Remove a LoRA adapter",
         responses=CHANGE_ERRORS,
     )
-    async def remove_adapter(self, model_id: str, name: str, runtime: RuntimeDep) -> None:
-        spec = runtime.resolve(model_id, op=None).spec
+    async def remove_adapter(self, model_id: str, name: str, gateway: GatewayDep) -> None:
+        spec = gateway.resolve(model_id, op=None).spec
         try:
-            await runtime.registry.remove_adapter(spec.id, name)
+            await gateway.registry.remove_adapter(spec.id, name)
         except UnknownAdapterError:
             raise NotFoundError(
                 f"model '{spec.id}' has no adapter '{name}'", code="adapter_not_found"
@@ -143,8 +143,8 @@ class AdminController(Controller):
         summary="Workers: what each serves, holds in memory, loaded, evicted",
         responses=RESOURCE_ERRORS,
     )
-    async def status(self, runtime: RuntimeDep) -> WorkerStatus:
-        beats = sorted(runtime.dispatcher.live_workers(), key=lambda w: w.worker_id)
+    async def status(self, gateway: GatewayDep) -> WorkerStatus:
+        beats = sorted(gateway.dispatcher.live_workers(), key=lambda w: w.worker_id)
         return WorkerStatus([WorkerInfo.of(beat) for beat in beats])
 
     @get(
@@ -154,9 +154,9 @@ class AdminController(Controller):
     )
     async def dead_letters(
         self,
-        runtime: RuntimeDep,
+        gateway: GatewayDep,
         limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
         model: str = "",
     ) -> DeadLetterList:
-        letters = await runtime.dead_letters.recent(limit, model)
+        letters = await gateway.dead_letters.recent(limit, model)
         return DeadLetterList([DeadLetterInfo.of(seq, letter) for seq, letter in letters])

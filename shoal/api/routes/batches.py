@@ -12,11 +12,11 @@ from litestar.params import Parameter
 from ...compat.errors import ConflictError, InvalidRequestError, NotFoundError
 from ...compat.openai.batches import FINAL_STATES, Batch, BatchList, CreateBatchRequest
 from ..admission import caller_name, caller_scope
+from ..answer import BATCH_ENDPOINTS
+from ..batch_store import BatchRecord
 from ..batches.runner import completion_window_seconds
-from ..batches.store import BatchRecord
-from ..endpoints import BATCH_ENDPOINTS
 from ..files import new_id
-from ..runtime import RuntimeDep
+from ..gateway import GatewayDep
 from ._openapi import CHANGE_ERRORS, RESOURCE_ERRORS
 
 __all__ = ["BatchesController"]
@@ -31,7 +31,7 @@ class BatchesController(Controller):
         summary="Create a batch from an uploaded JSONL file",
         responses=RESOURCE_ERRORS,
     )
-    async def create(self, data: CreateBatchRequest, runtime: RuntimeDep) -> Batch:
+    async def create(self, data: CreateBatchRequest, gateway: GatewayDep) -> Batch:
         if data.endpoint not in BATCH_ENDPOINTS:
             raise InvalidRequestError(
                 f"'{data.endpoint}' is not a batch endpoint; use one of "
@@ -46,7 +46,7 @@ class BatchesController(Controller):
                 param="completion_window",
             )
         try:
-            source = await runtime.files.get(data.input_file_id, caller_scope())
+            source = await gateway.files.get(data.input_file_id, caller_scope())
         except NotFoundError:
             raise InvalidRequestError(
                 f"No such file: '{data.input_file_id}'",
@@ -70,26 +70,26 @@ class BatchesController(Controller):
             expires_at=now + window,
             metadata=data.metadata,
         )
-        await runtime.batches.create(BatchRecord(batch=batch, creator=caller_name()))
+        await gateway.batches.create(BatchRecord(batch=batch, creator=caller_name()))
         return batch
 
     @get(summary="List batches, newest first", responses=RESOURCE_ERRORS)
     async def list_batches(
         self,
-        runtime: RuntimeDep,
+        gateway: GatewayDep,
         limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
         after: str | None = None,
     ) -> BatchList:
-        return await runtime.batches.list(limit, after or "", caller_scope())
+        return await gateway.batches.list(limit, after or "", caller_scope())
 
     @get("/{batch_id:str}", summary="Retrieve a batch", responses=RESOURCE_ERRORS)
-    async def retrieve(self, batch_id: str, runtime: RuntimeDep) -> Batch:
-        return (await runtime.batches.get(batch_id, caller_scope())).batch
+    async def retrieve(self, batch_id: str, gateway: GatewayDep) -> Batch:
+        return (await gateway.batches.get(batch_id, caller_scope())).batch
 
     @post(
         "/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch", responses=CHANGE_ERRORS
     )
-    async def cancel(self, batch_id: str, runtime: RuntimeDep) -> Batch:
+    async def cancel(self, batch_id: str, gateway: GatewayDep) -> Batch:
         def cancelling(record: BatchRecord) -> BatchRecord | None:
             status = record.batch.status
             if status in FINAL_STATES or status in ("cancelling", "finalizing"):
@@ -99,8 +99,8 @@ class BatchesController(Controller):
             )
             return msgspec.structs.replace(record, batch=batch)
 
-        await runtime.batches.get(batch_id, caller_scope())  # another key's: not found
-        record = await runtime.batches.change(batch_id, cancelling)
+        await gateway.batches.get(batch_id, caller_scope())  # another key's: not found
+        record = await gateway.batches.change(batch_id, cancelling)
         if record.batch.status in ("completed", "failed", "expired", "finalizing"):
             raise ConflictError(
                 f"Batch '{batch_id}' is {record.batch.status} and cannot be cancelled",

@@ -5,10 +5,9 @@ from __future__ import annotations
 from litestar import Controller, Response, post
 
 from ...compat.openai import EmbeddingRequest, EmbeddingResponse
-from .. import endpoints
-from ..runtime import RuntimeDep
+from ..answer import answer
+from ..gateway import GatewayDep
 from ._openapi import WORK_ERRORS
-from ._timing import timing_headers
 
 __all__ = ["EmbeddingsController"]
 
@@ -19,7 +18,7 @@ class EmbeddingsController(Controller):
 
     @post(status_code=200, summary="Create embeddings", responses=WORK_ERRORS)
     async def create(
-        self, data: EmbeddingRequest, runtime: RuntimeDep
+        self, data: EmbeddingRequest, gateway: GatewayDep
     ) -> Response[EmbeddingResponse]:
-        body, vectors = await endpoints.embeddings(runtime, data)
-        return Response(body, headers=timing_headers(vectors))
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from litestar.response import Stream
 from ...compat.errors import InvalidRequestError
 from ...compat.openai.files import FileDeleted, FileList, FileObject
 from ..admission import caller_name, caller_scope
-from ..runtime import RuntimeDep
+from ..gateway import GatewayDep
 from ..uploads import receive_upload
 from ._openapi import RESOURCE_ERRORS, error_responses
 
@@ -32,8 +32,8 @@ class FilesController(Controller):
         request_max_body_size=None,
         responses=_UPLOAD_ERRORS,
     )
-    async def upload(self, request: Request, runtime: RuntimeDep) -> FileObject:
-        files = runtime.files
+    async def upload(self, request: Request, gateway: GatewayDep) -> FileObject:
+        files = gateway.files
         fields: dict[str, str] = {}
         owner = caller_name()
 
@@ -44,7 +44,7 @@ class FilesController(Controller):
             request.stream(),
             request.headers.get("content-type", ""),
             store,
-            runtime.settings.batches.max_file_bytes,
+            gateway.settings.batches.max_file_bytes,
             fields,
         )
         purpose = fields.get("purpose", "")
@@ -63,17 +63,17 @@ class FilesController(Controller):
     @get(summary="List files", responses=RESOURCE_ERRORS)
     async def list_files(
         self,
-        runtime: RuntimeDep,
+        gateway: GatewayDep,
         purpose: str | None = None,
         limit: Annotated[int, Parameter(ge=1, le=10_000)] = 10_000,
         order: Annotated[str, Parameter(pattern="^(asc|desc)$")] = "desc",
         after: str | None = None,
     ) -> FileList:
-        return await runtime.files.list(purpose, limit, order, after or "", caller_scope())
+        return await gateway.files.list(purpose, limit, order, after or "", caller_scope())
 
     @get("/{file_id:str}", summary="Retrieve a file's metadata", responses=RESOURCE_ERRORS)
-    async def retrieve(self, file_id: str, runtime: RuntimeDep) -> FileObject:
-        return await runtime.files.get(file_id, caller_scope())
+    async def retrieve(self, file_id: str, gateway: GatewayDep) -> FileObject:
+        return await gateway.files.get(file_id, caller_scope())
 
     @get(
         "/{file_id:str}/content",
@@ -81,10 +81,10 @@ class FilesController(Controller):
         media_type="application/octet-stream",
         responses=RESOURCE_ERRORS,
     )
-    async def content(self, file_id: str, runtime: RuntimeDep) -> Stream:
-        chunks = await runtime.files.content(file_id, caller_scope())
+    async def content(self, file_id: str, gateway: GatewayDep) -> Stream:
+        chunks = await gateway.files.content(file_id, caller_scope())
         return Stream(chunks, media_type="application/octet-stream")
 
     @delete("/{file_id:str}", status_code=200, summary="Delete a file", responses=RESOURCE_ERRORS)
-    async def remove(self, file_id: str, runtime: RuntimeDep) -> FileDeleted:
-        return await runtime.files.delete(file_id, caller_scope())
+    async def remove(self, file_id: str, gateway: GatewayDep) -> FileDeleted:
+        return await gateway.files.delete(file_id, caller_scope())

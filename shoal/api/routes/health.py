@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 from litestar import Controller, Response, get
 
-from ..runtime import RuntimeDep
+from ..gateway import GatewayDep
 
 __all__ = ["HealthController"]
 
@@ -29,10 +29,10 @@ class HealthController(Controller):
         return Health("ok")
 
     @get("/ready", summary="Readiness: NATS reachable and a worker ready for some model")
-    async def ready(self, runtime: RuntimeDep) -> Response[Readiness]:
-        connected = runtime.bus.is_connected
-        workers = runtime.dispatcher.live_workers()
-        models = sorted(runtime.dispatcher.ready_models())
+    async def ready(self, gateway: GatewayDep) -> Response[Readiness]:
+        connected = gateway.bus.is_connected
+        workers = gateway.dispatcher.live_workers()
+        models = sorted(gateway.dispatcher.ready_models())
         ok = connected and bool(models)
         body = Readiness("ready" if ok else "not_ready", connected, models, len(workers))
         return Response(body, status_code=200 if ok else 503)

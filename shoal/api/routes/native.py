@@ -10,16 +10,12 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from ...compat.errors import UnsupportedMediaTypeError
-from ...compat.native import NativeEmbedRequest, NativeEmbedResponse
-from ...compat.tasks import (
-    NativeMultiVectorRequest,
-    NativeMultiVectorResponse,
-    NativeNerRequest,
-    NerResponse,
-)
-from ..runtime import RuntimeDep
+from ...compat.multivector import NativeMultiVectorRequest
+from ...compat.native import NativeEmbedRequest
+from ...compat.ner import NativeNerRequest
+from ..answer import TaskRequest, answer
+from ..gateway import Gateway, GatewayDep
 from ._openapi import error_responses
-from ._timing import timing_headers
 
 __all__ = ["MSGPACK", "NativeController"]
 
@@ -50,12 +46,9 @@ class NativeController(Controller):
     async def embed(
         self,
         data: Annotated[NativeEmbedRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
-        runtime: RuntimeDep,
+        gateway: GatewayDep,
     ) -> Response[bytes]:
-        target = runtime.resolve(data.model, "embed", data.shoal)
-        vectors = await runtime.embed(target, data.options(), texts=data.texts())
-        body = _encode(NativeEmbedResponse.from_vectors(vectors, target.name))
-        return Response(body, media_type=MSGPACK, headers=timing_headers(vectors))
+        return await _answer_msgpack(gateway, data)
 
     @post(
         "/ner",
@@ -67,15 +60,9 @@ class NativeController(Controller):
     async def ner(
         self,
         data: Annotated[NativeNerRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
-        runtime: RuntimeDep,
+        gateway: GatewayDep,
     ) -> Response[bytes]:
-        target = runtime.resolve(data.model, "ner", data.shoal)
-        texts = data.texts()
-        limits = runtime.settings.gateway
-        results = await runtime.run(target, lambda env: data.to_jobs(env, limits))
-        return Response(
-            _encode(NerResponse.from_results(texts, results, target.name)), media_type=MSGPACK
-        )
+        return await _answer_msgpack(gateway, data)
 
     @post(
         "/multivector",
@@ -87,13 +74,12 @@ class NativeController(Controller):
     async def multivector(
         self,
         data: Annotated[NativeMultiVectorRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
-        runtime: RuntimeDep,
+        gateway: GatewayDep,
     ) -> Response[bytes]:
-        target = runtime.resolve(data.model, "multivector", data.shoal)
-        dims = target.spec.multivector.dims or target.spec.dims
-        limits = runtime.settings.gateway
-        results = await runtime.run(
-            target, lambda env: data.to_jobs(env, limits, dims, target.spec.max_length, data.dtype)
-        )
-        body = NativeMultiVectorResponse.from_results(results, target.name)  # type: ignore[arg-type]
-        return Response(_encode(body), media_type=MSGPACK)
+        return await _answer_msgpack(gateway, data)
+
+
+async def _answer_msgpack(gateway: Gateway, request: TaskRequest) -> Response[bytes]:
+    """The same path as the JSON routes, the answer encoded as msgpack (raw buffers)."""
+    body, headers = await answer(gateway, request)
+    return Response(_encode(body), media_type=MSGPACK, headers=headers)

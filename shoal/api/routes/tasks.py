@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from litestar import Controller, post
+from litestar import Controller, Response, post
 
-from ...compat.tasks import (
-    ClassifyRequest,
-    ClassifyResponse,
-    MultiVectorRequest,
-    MultiVectorResponse,
-    NerRequest,
-    NerResponse,
-    RerankRequest,
-    RerankResponse,
-)
-from .. import endpoints
-from ..runtime import RuntimeDep
+from ...compat.classify import ClassifyRequest, ClassifyResponse
+from ...compat.multivector import MultiVectorRequest, MultiVectorResponse
+from ...compat.ner import NerRequest, NerResponse
+from ...compat.rerank import RerankRequest, RerankResponse
+from ..answer import answer
+from ..gateway import GatewayDep
 from ._openapi import WORK_ERRORS
 
 __all__ = ["ClassifyController", "MultiVectorController", "NerController", "RerankController"]
@@ -26,8 +20,9 @@ class NerController(Controller):
     tags = ["Encoder tasks"]
 
     @post(status_code=200, summary="Named entities (token classification)", responses=WORK_ERRORS)
-    async def create(self, data: NerRequest, runtime: RuntimeDep) -> NerResponse:
-        return await endpoints.ner(runtime, data)
+    async def create(self, data: NerRequest, gateway: GatewayDep) -> Response[NerResponse]:
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]
 
 
 class MultiVectorController(Controller):
@@ -39,8 +34,11 @@ class MultiVectorController(Controller):
         summary="Token vectors (late interaction, ColBERT-style)",
         responses=WORK_ERRORS,
     )
-    async def create(self, data: MultiVectorRequest, runtime: RuntimeDep) -> MultiVectorResponse:
-        return await endpoints.multivector(runtime, data)
+    async def create(
+        self, data: MultiVectorRequest, gateway: GatewayDep
+    ) -> Response[MultiVectorResponse]:
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]
 
 
 class RerankController(Controller):
@@ -53,8 +51,9 @@ class RerankController(Controller):
         summary="Rerank documents for a query",
         responses=WORK_ERRORS,
     )
-    async def create(self, data: RerankRequest, runtime: RuntimeDep) -> RerankResponse:
-        return await endpoints.rerank(runtime, data)
+    async def create(self, data: RerankRequest, gateway: GatewayDep) -> Response[RerankResponse]:
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]
 
 
 class ClassifyController(Controller):
@@ -64,5 +63,8 @@ class ClassifyController(Controller):
     @post(
         status_code=200, summary="Classify texts (sequence classification)", responses=WORK_ERRORS
     )
-    async def create(self, data: ClassifyRequest, runtime: RuntimeDep) -> ClassifyResponse:
-        return await endpoints.classify(runtime, data)
+    async def create(
+        self, data: ClassifyRequest, gateway: GatewayDep
+    ) -> Response[ClassifyResponse]:
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]

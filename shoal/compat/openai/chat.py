@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 import msgspec
 
 from ...config import GatewaySettings
+from ...model_registry import ModelSpec
 from ...queue.messages import ChatTurn, ChoiceDelta, GenerateJob
 from .._constraints import ModelName
 from ..errors import InvalidRequestError
@@ -15,6 +18,7 @@ from ..extensions import ShoalOptions
 from ..jobs import Envelope, check_texts
 from .generation import (
     ChatLogprob,
+    DeltaStream,
     MaxTokens,
     ResponseFormat,
     SamplingFields,
@@ -44,6 +48,8 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     # Fields in the order of OpenAI's reference (SamplingFields holds the shared ones).
+    """`POST /v1/chat/completions`'s body; renders its response, streamed or whole."""
+
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     model: ModelName
     logprobs: bool = False
@@ -68,8 +74,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
             turns.append(ChatTurn(role=message.role, content=_text(message, i)))  # type: ignore[arg-type]
         return turns
 
-    def to_job(self, env: Envelope, context: int, limits: GatewaySettings) -> GenerateJob:
-        """Raises: InvalidRequestError (unsupported parameters, bad messages, limits),
+    def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> list[GenerateJob]:
+        """One job, `n` choices.
+
+        Raises: InvalidRequestError (unsupported parameters, bad messages, limits),
         PayloadTooLargeError (more characters than `max_request_chars`)."""
         self.reject_unsupported()
         if self.top_logprobs and not self.logprobs:
@@ -79,12 +87,35 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
             max_tokens, param = self.max_completion_tokens, "max_completion_tokens"
         else:
             max_tokens, param = self.max_tokens or 0, "max_tokens"
-        check_max_tokens(max_tokens, param, limits, context)
+        check_max_tokens(max_tokens, param, limits, spec.max_length)
         turns = self.turns()
         check_texts([t.content for t in turns], limits, "messages")
         schema = self.response_format.schema_text() if self.response_format else ""
         sampling = self.sampling(max_tokens, self.logprobs, self.top_logprobs or 0, schema)
-        return GenerateJob(**env.job_fields(0, 0), messages=turns, n=self.n, sampling=sampling)
+        return [GenerateJob(**env.job_fields(0, 0), messages=turns, n=self.n, sampling=sampling)]
+
+    async def collect(self, stream: DeltaStream) -> ChatCompletion:
+        """The whole response, once the generation is done."""
+        deltas = [d async for batch in stream for d in batch]
+        usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+        return ChatCompletion.collect(
+            f"chatcmpl-{secrets.token_hex(12)}", stream.model, deltas, self.n, self.logprobs, usage
+        )
+
+    async def events(self, stream: DeltaStream) -> AsyncIterator[ChatCompletionChunk]:
+        """The streamed response: a first chunk with the role, one per engine step, and
+        with `include_usage` a last one with the usage."""
+        cid, created, model = f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), stream.model
+        first = [
+            ChunkChoice(i, Delta(content="", role="assistant"), None, None) for i in range(self.n)
+        ]
+        yield ChatCompletionChunk(cid, first, created, model)
+        async for deltas in stream:
+            choices = [_chunk_choice(d, self.logprobs) for d in deltas]
+            yield ChatCompletionChunk(cid, choices, created, model)
+        if self.include_usage:
+            usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+            yield ChatCompletionChunk(cid, [], created, model, usage)
 
 
 def _text(message: ChatMessage, i: int) -> str:
@@ -182,3 +213,10 @@ class ChatCompletionChunk(msgspec.Struct):
     model: str
     usage: Usage | None = None
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+
+
+def _chunk_choice(d: ChoiceDelta, logprobs: bool) -> ChunkChoice:
+    lps = ChoiceLogprobs([chat_logprob(lp) for lp in d.logprobs]) if logprobs else None
+    return ChunkChoice(
+        d.index, Delta(content=d.text or None) if d.text else Delta(), lps, d.finish_reason or None
+    )

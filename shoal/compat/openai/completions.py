@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 import msgspec
 
 from ...config import GatewaySettings
+from ...model_registry import ModelSpec
 from ...queue.messages import ChoiceDelta, GenerateJob, TokenLogprob
 from .._constraints import ModelName
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
 from ..jobs import Envelope, check_count, check_texts
-from .generation import MaxTokens, SamplingFields, Usage, check_max_tokens
+from .generation import DeltaStream, MaxTokens, SamplingFields, Usage, check_max_tokens
 
 __all__ = ["Completion", "CompletionChunk", "CompletionRequest"]
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
+    """`POST /v1/completions`'s body; renders its response, streamed or whole."""
+
     model: ModelName
     prompt: str | list[str]
     best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -35,7 +40,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
             raise InvalidRequestError("'prompt' must not be empty", param="prompt")
         return prompts
 
-    def to_jobs(self, env: Envelope, context: int, limits: GatewaySettings) -> list[GenerateJob]:
+    def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> list[GenerateJob]:
         """One job per prompt, `n` choices each; choice `p * n + j` is prompt p's j-th.
 
         Raises:
@@ -49,7 +54,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
                 param="best_of",
                 code="unsupported_parameter",
             )
-        check_max_tokens(self.max_tokens, "max_tokens", limits, context)
+        check_max_tokens(self.max_tokens, "max_tokens", limits, spec.max_length)
         prompts = self.prompts()
         check_count(len(prompts), limits, "prompt")
         check_texts(prompts, limits, "prompt")
@@ -65,6 +70,41 @@ class CompletionRequest(SamplingFields, kw_only=True):
             )
             for part, prompt in enumerate(prompts)
         ]
+
+    async def collect(self, stream: DeltaStream) -> Completion:
+        """The whole response, once the generation is done."""
+        deltas = [d async for batch in stream for d in batch]
+        usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+        prompts = stream.prompts if self.echo else [""] * stream.choices
+        return Completion.collect(
+            f"cmpl-{secrets.token_hex(12)}",
+            stream.model,
+            deltas,
+            stream.choices,
+            self.logprobs is not None,
+            prompts,
+            usage,
+        )
+
+    async def events(self, stream: DeltaStream) -> AsyncIterator[CompletionChunk]:
+        """The streamed response: one chunk per engine step (the prompt before a choice's
+        first text with `echo`), and with `include_usage` a last one with the usage."""
+        cid, created, model = f"cmpl-{secrets.token_hex(12)}", int(time.time()), stream.model
+        with_logprobs = self.logprobs is not None
+        echoed: set[int] = set()
+        async for deltas in stream:
+            choices = []
+            for d in deltas:
+                text = d.text
+                if self.echo and d.index not in echoed:
+                    echoed.add(d.index)
+                    text = stream.prompts[d.index] + text
+                lps = LegacyLogprobs.of(d.logprobs, 0) if with_logprobs else None
+                choices.append(CompletionChoice(text, d.index, lps, d.finish_reason or None))
+            yield CompletionChunk(cid, choices, created, model)
+        if self.include_usage:
+            usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+            yield CompletionChunk(cid, [], created, model, usage)
 
 
 class LegacyLogprobs(msgspec.Struct):

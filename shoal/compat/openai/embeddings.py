@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 import numpy as np
 
+from ...config import GatewaySettings
+from ...model_registry import ModelSpec
+from ...queue.messages import EmbedJob, EmbedResult
+from ...queue.subjects import Task
 from .._constraints import ModelName, TokenId
-from ..embed import EmbedOptions, Vectors
+from ..embed import EmbedOptions, Vectors, build_embed_jobs, join_vectors
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
+from ..jobs import Envelope
 
 __all__ = ["Embedding", "EmbeddingRequest", "EmbeddingResponse", "EmbeddingUsage"]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """`POST /v1/embeddings`'s body, as OpenAI defines it, plus Shoal's extensions."""
+
+    op: ClassVar[Task] = "embed"
+
     # Fields in the order of OpenAI's reference.
     input: str | list[str | TokenId | list[TokenId]]
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
@@ -33,6 +43,13 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
 
     def options(self) -> EmbedOptions:
         return EmbedOptions(dimensions=self.dimensions, truncate=self.truncate)
+
+    def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> list[EmbedJob]:
+        texts, token_ids = self.inputs()
+        return build_embed_jobs(env, spec, self.options(), limits, texts, token_ids)
+
+    def respond(self, results: Sequence[EmbedResult], model: str) -> EmbeddingResponse:
+        return EmbeddingResponse.from_vectors(join_vectors(results), model, self.encoding_format)
 
     def inputs(self) -> tuple[list[str], list[list[int]]]:
         """`(texts, token_ids)`, exactly one of them non-empty.

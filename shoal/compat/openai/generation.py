@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
 from ...config import GatewaySettings
-from ...queue.messages import Sampling, TokenLogprob
+from ...queue.messages import ChoiceDelta, Sampling, TokenLogprob
 from .._constraints import Seed
 from ..errors import InvalidRequestError
 
 __all__ = [
+    "DeltaStream",
     "JsonSchemaFormat",
     "ResponseFormat",
     "SamplingFields",
@@ -175,6 +177,19 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class DeltaStream(Protocol):
+    """A generation as the gateway runs it: iterated, lists of deltas as they come;
+    afterwards its token counts and each choice's prompt (for `echo`)."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    choices: int
+    prompts: list[str]
+
+    def __aiter__(self) -> AsyncIterator[list[ChoiceDelta]]: ...
 
 
 class Usage(msgspec.Struct):

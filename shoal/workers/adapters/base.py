@@ -58,6 +58,8 @@ class Tokenized:
 
 
 class EncoderAdapter(ABC):
+    """One encoder model family: load, tokenize, run a batch, unload."""
+
     ops: frozenset[str] = frozenset()
 
     def __init__(self, spec: ModelSpec) -> None:

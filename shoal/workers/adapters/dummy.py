@@ -23,6 +23,8 @@ _CLS, _SEP = 1, 2
 
 
 class DummyAdapter(EncoderAdapter):
+    """A deterministic stand-in model for tests: vectors from token ids, no weights."""
+
     ops = frozenset({"embed"})
 
     def __init__(self, spec: ModelSpec) -> None:

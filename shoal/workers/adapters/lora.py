@@ -18,6 +18,8 @@ __all__ = ["LoraSlots"]
 
 
 class LoraSlots:
+    """The LoRA adapters loaded into one model, and which one is active."""
+
     def __init__(
         self,
         get_module: Callable[[], torch.nn.Module],

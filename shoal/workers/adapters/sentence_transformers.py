@@ -40,6 +40,8 @@ def pick_device(setting: str) -> str:
 
 
 class SentenceTransformerAdapter(TorchAdapter):
+    """Embeddings and multi-vector outputs of a sentence-transformers model."""
+
     ops = frozenset({"embed", "multivector"})
 
     def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:

@@ -32,6 +32,8 @@ __all__ = ["TransformersHeadAdapter"]
 
 
 class TransformersHeadAdapter(TorchAdapter):
+    """NER, rerank and classify heads with plain transformers."""
+
     ops = frozenset({"ner", "classify", "rerank"})
 
     def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:

@@ -13,6 +13,8 @@ __all__ = ["Held"]
 
 
 class Held:
+    """One held job and its delivery."""
+
     __slots__ = (
         "batch_lane",
         "delivery",

@@ -26,6 +26,8 @@ __all__ = ["WorkerKind"]
 
 
 class WorkerKind(ABC):
+    """A kind of worker, as the core runs it (see the module doc)."""
+
     name: str = "worker"
     """Names the kind in worker ids (`<name>-<hex>`) and logs."""
 

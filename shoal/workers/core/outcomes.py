@@ -32,6 +32,8 @@ __all__ = ["SETTLE", "Outcome", "Settlement"]
 
 
 class Outcome(enum.Enum):
+    """How a held job ended (see the table above)."""
+
     ANSWERED = "answered"
     EXPIRED = "expired"
     INVALID = "invalid"

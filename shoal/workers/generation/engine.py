@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SequenceRequest:
+    """One sequence (one choice of one job) for a runtime."""
+
     job: str
     """The job this sequence belongs to (several choices share it)."""
     choice: int
@@ -47,6 +49,8 @@ class SequenceRequest:
 
 @dataclass
 class TokenEvent:
+    """What a runtime tells of one sequence after a step."""
+
     job: str
     choice: int
     text: str = ""
@@ -81,6 +85,8 @@ class _Sequence:
 
 
 class Engine:
+    """Continuous batching of causal-LM sequences with transformers, on its own thread."""
+
     def __init__(
         self,
         model: torch.nn.Module,

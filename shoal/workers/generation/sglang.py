@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 
 class SGLangRuntime(GenerationRuntime):
+    """A supervised SGLang server, driven over its native HTTP API."""
+
     def __init__(self, spec: ModelSpec, max_running: int, settings: GeneratorSettings) -> None:
         super().__init__(spec, max_running)
         self._settings = settings

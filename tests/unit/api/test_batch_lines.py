@@ -9,10 +9,10 @@ import json
 import msgspec
 import pytest
 
+from shoal.api.answer import BATCH_ENDPOINTS
 from shoal.api.batches.lines import check_line, input_lines, validate
 from shoal.api.batches.parts import NO_RESPONSE, Outcome, PartWriter, load_parts, render
 from shoal.api.batches.runner import completion_window_seconds
-from shoal.api.endpoints import BATCH_ENDPOINTS
 from shoal.api.uploads import receive_upload
 from shoal.compat.errors import InvalidRequestError, ModelNotFoundError, PayloadTooLargeError
 from shoal.queue.objects import LocalObjectStore

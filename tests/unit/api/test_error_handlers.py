@@ -14,9 +14,9 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 from litestar.testing import TestClient
 
+from shoal.api.answer import BATCH_ENDPOINTS
 from shoal.api.app import create_app
 from shoal.api.batches.lines import LineError, check_line
-from shoal.api.endpoints import BATCH_ENDPOINTS
 from shoal.api.errors import exception_handlers
 from shoal.api.files import new_id, valid_id
 from shoal.compat.native import NativeEmbedRequest

@@ -8,21 +8,17 @@ from typing import Any
 import msgspec
 import pytest
 
+from shoal.compat.classify import ClassifyRequest
 from shoal.compat.embed import EmbedOptions, build_embed_jobs
 from shoal.compat.errors import InvalidRequestError, PayloadTooLargeError, ShoalError
 from shoal.compat.jobs import Envelope
+from shoal.compat.multivector import MultiVectorRequest, NativeMultiVectorRequest
 from shoal.compat.native import NativeEmbedRequest
+from shoal.compat.ner import NativeNerRequest, NerRequest
 from shoal.compat.openai import EmbeddingRequest
 from shoal.compat.openai.chat import ChatCompletionRequest
 from shoal.compat.openai.completions import CompletionRequest
-from shoal.compat.tasks import (
-    ClassifyRequest,
-    MultiVectorRequest,
-    NativeMultiVectorRequest,
-    NativeNerRequest,
-    NerRequest,
-    RerankRequest,
-)
+from shoal.compat.rerank import RerankRequest
 from shoal.config import GatewaySettings
 from shoal.model_registry import ModelSpec
 
@@ -32,6 +28,9 @@ LIMITS = GatewaySettings(
 ENV = Envelope("req", "m", "inbox", 0.0)
 SPEC = ModelSpec(id="m", tasks=["embed"], source="x", max_length=8, dims=4, runtime="dummy")
 CONTEXT = 100
+GEN_SPEC = ModelSpec(
+    id="m", tasks=["generate"], source="x", max_length=CONTEXT, runtime="transformers"
+)
 BIG = 2**70
 
 
@@ -54,9 +53,7 @@ def native_embed(inputs: list[str]) -> Any:
 
 def tasks(kind: type, field: str, texts: list[str]) -> Any:
     request = msgspec.convert({"model": "m", field: texts}, kind)
-    if kind in (MultiVectorRequest, NativeMultiVectorRequest):
-        return lambda: request.to_jobs(ENV, LIMITS, 4, 8)
-    return lambda: request.to_jobs(ENV, LIMITS)
+    return lambda: request.to_jobs(ENV, SPEC, LIMITS)
 
 
 # Every route that takes text: a builder of its jobs from a list of texts, and the field.
@@ -73,13 +70,13 @@ TEXT_ROUTES = {
     "classify": (lambda texts: tasks(ClassifyRequest, "input", texts), "input"),
     "rerank": (
         lambda texts: (
-            lambda: RerankRequest(model="m", query="q", documents=texts).to_jobs(ENV, LIMITS)
+            lambda: RerankRequest(model="m", query="q", documents=texts).to_jobs(ENV, SPEC, LIMITS)
         ),
         "documents",
     ),
     "completions": (
         lambda texts: (
-            lambda: CompletionRequest(model="m", prompt=texts).to_jobs(ENV, CONTEXT, LIMITS)
+            lambda: CompletionRequest(model="m", prompt=texts).to_jobs(ENV, GEN_SPEC, LIMITS)
         ),
         "prompt",
     ),
@@ -122,16 +119,16 @@ def test_the_native_embed_count_limit_names_inputs() -> None:
 
 def test_a_rerank_query_counts_toward_the_limits() -> None:
     long_query = RerankRequest(model="m", query="q" * 11, documents=["d"])
-    error = refused(lambda: long_query.to_jobs(ENV, LIMITS))
+    error = refused(lambda: long_query.to_jobs(ENV, SPEC, LIMITS))
     assert (error.status_code, error.param, error.code) == (400, "query", "input_too_long")
     total = RerankRequest(model="m", query="q" * 10, documents=["d" * 8, "d" * 8])
-    error = refused(lambda: total.to_jobs(ENV, LIMITS))
+    error = refused(lambda: total.to_jobs(ENV, SPEC, LIMITS))
     assert (error.status_code, error.param) == (413, "documents")
 
 
 def test_too_many_prompts_is_413() -> None:
     request = CompletionRequest(model="m", prompt=["a"] * 5)
-    error = refused(lambda: request.to_jobs(ENV, CONTEXT, LIMITS))
+    error = refused(lambda: request.to_jobs(ENV, GEN_SPEC, LIMITS))
     assert (error.status_code, error.param) == (413, "prompt")
 
 
@@ -170,9 +167,7 @@ def generate(
     context: int = CONTEXT,
     limits: GatewaySettings = LIMITS,
 ) -> list:
-    if isinstance(request, ChatCompletionRequest):
-        return [request.to_job(ENV, context, limits)]
-    return request.to_jobs(ENV, context, limits)
+    return request.to_jobs(ENV, msgspec.structs.replace(GEN_SPEC, max_length=context), limits)
 
 
 @pytest.mark.parametrize(

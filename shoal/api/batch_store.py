@@ -13,16 +13,18 @@ from collections.abc import Callable
 
 import msgspec
 
-from ...compat.errors import NotFoundError
-from ...compat.openai.batches import FINAL_STATES, Batch, BatchList
-from ...queue.errors import KeyConflictError
-from ...queue.nats import NatsKeyValue
-from ..files import valid_id
+from ..compat.errors import NotFoundError
+from ..compat.openai.batches import FINAL_STATES, Batch, BatchList
+from ..queue.errors import KeyConflictError
+from ..queue.nats import NatsKeyValue
+from .files import valid_id
 
 __all__ = ["BatchRecord", "BatchStore", "LeaseLostError"]
 
 
 class BatchRecord(msgspec.Struct, kw_only=True):
+    """A stored batch: the public `Batch`, its creator and the lease runners share."""
+
     batch: Batch
     owner: str = ""
     """The runner holding the lease ("" when none)."""

@@ -1,0 +1,148 @@
+"""The one path of every request, from any route: resolve the model, build the jobs,
+submit them, render the answer.
+
+Encoder requests (embeddings, NER, multi-vector, rerank, classify; JSON or native)
+implement `TaskRequest`: `answer` runs them. Generation requests (chat, completions) go
+through `generate`, which streams or collects. The routes, the native routes and the
+batch runner's lines all call these, so a batch line is answered exactly as the same
+request sent live (the batch runner passes a gateway on the batch lane).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+import msgspec
+from litestar import Response
+from litestar.response import Stream
+
+from ..compat.classify import ClassifyRequest
+from ..compat.errors import ShoalError
+from ..compat.extensions import ShoalOptions
+from ..compat.jobs import Envelope
+from ..compat.multivector import MultiVectorRequest
+from ..compat.ner import NerRequest
+from ..compat.openai import EmbeddingRequest
+from ..compat.openai.chat import ChatCompletionRequest
+from ..compat.openai.completions import CompletionRequest
+from ..compat.rerank import RerankRequest
+from ..config import GatewaySettings
+from ..model_registry import ModelSpec
+from ..queue import Job
+from ..queue.messages import Result
+from .gateway import Gateway, Target
+from .generation import Generation
+
+__all__ = [
+    "BATCH_ENDPOINTS",
+    "Answer",
+    "Endpoint",
+    "TaskRequest",
+    "answer",
+    "generate",
+    "results_of",
+    "start_generation",
+]
+
+SSE = "text/event-stream"
+_encode_json = msgspec.json.Encoder().encode
+
+
+class TaskRequest(Protocol):
+    """An encoder request, JSON or native: which task its model must serve, its jobs,
+    and its response from their results."""
+
+    op: ClassVar[str]
+    model: str
+    shoal: ShoalOptions | None
+
+    def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> Sequence[Job]: ...
+
+    def respond(self, results: Sequence[Any], model: str) -> msgspec.Struct: ...
+
+
+class Answer(NamedTuple):
+    """An encoder response body and its timing headers."""
+
+    body: msgspec.Struct
+    headers: dict[str, str]
+    """Timing (`x-queue-time`, `x-inference-time`, in ms), as TEI sends them."""
+
+
+async def results_of(gateway: Gateway, request: TaskRequest) -> tuple[list[Result], Target]:
+    """Resolve, build the jobs, run them through the queue: the results in order."""
+    target = gateway.resolve(request.model, request.op, request.shoal)
+    limits = gateway.settings.gateway
+    results = await gateway.run(target, lambda env: request.to_jobs(env, target.spec, limits))
+    return results, target
+
+
+async def answer(gateway: Gateway, request: TaskRequest) -> Answer:
+    """An encoder request's response and its timing headers."""
+    results, target = await results_of(gateway, request)
+    timing = {
+        "x-queue-time": f"{max(r.queue_ms for r in results):.2f}",
+        "x-inference-time": f"{max(r.inference_ms for r in results):.2f}",
+    }
+    return Answer(request.respond(results, target.name), timing)
+
+
+GenerationRequest = ChatCompletionRequest | CompletionRequest
+
+
+def start_generation(gateway: Gateway, request: GenerationRequest) -> Generation:
+    """Resolve and build the jobs; iterating the generation runs them."""
+    target = gateway.resolve(request.model, "generate", request.shoal)
+    limits = gateway.settings.gateway
+    jobs = gateway.prepare(target, lambda env: request.to_jobs(env, target.spec, limits))
+    return Generation(gateway, jobs, target.name)  # type: ignore[arg-type]
+
+
+async def generate(gateway: Gateway, request: GenerationRequest) -> Response | Stream:
+    """A chat or completion response: streamed as SSE when the request asks, else whole."""
+    generation = start_generation(gateway, request)
+    if request.stream:
+        return Stream(_sse(request.events(generation)), media_type=SSE)
+    return Response(await request.collect(generation))
+
+
+async def _sse(events: AsyncIterator[msgspec.Struct]) -> AsyncIterator[bytes]:
+    """Server-sent events as OpenAI sends them. An error after the stream started cannot
+    change the status any more: it goes as an OpenAI error event, then the stream ends."""
+    try:
+        async for event in events:
+            yield b"data: " + _encode_json(event) + b"\n\n"
+    except ShoalError as exc:
+        yield b"data: " + _encode_json(exc.to_response()) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+class Endpoint(NamedTuple):
+    """A route a batch may target: its body type, the task its model must serve, and
+    what answers one body."""
+
+    request: type[msgspec.Struct]
+    op: str
+    call: Callable[[Gateway, Any], Awaitable[msgspec.Struct]]
+    streams: bool = False
+    """Whether the body has a `stream` flag (refused in batches)."""
+
+
+async def _answer_body(gateway: Gateway, request: TaskRequest) -> msgspec.Struct:
+    return (await answer(gateway, request)).body
+
+
+async def _collect(gateway: Gateway, request: GenerationRequest) -> msgspec.Struct:
+    return await request.collect(start_generation(gateway, request))
+
+
+BATCH_ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": Endpoint(ChatCompletionRequest, "generate", _collect, streams=True),
+    "/v1/completions": Endpoint(CompletionRequest, "generate", _collect, streams=True),
+    "/v1/embeddings": Endpoint(EmbeddingRequest, EmbeddingRequest.op, _answer_body),
+    "/v1/rerank": Endpoint(RerankRequest, RerankRequest.op, _answer_body),
+    "/v1/ner": Endpoint(NerRequest, NerRequest.op, _answer_body),
+    "/v1/multivector": Endpoint(MultiVectorRequest, MultiVectorRequest.op, _answer_body),
+    "/v1/classify": Endpoint(ClassifyRequest, ClassifyRequest.op, _answer_body),
+}
