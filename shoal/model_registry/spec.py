@@ -74,11 +74,13 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     threads: Size = 0
     """Intra-op threads for this model's forward passes; 0: the worker's setting
     (`worker.threads`, else torch's default)."""
-    engine: Literal["torch", "openvino"] = "torch"
-    """What runs the forward pass on a CPU. `openvino` compiles the model's graph with
+    engine: Literal["auto", "torch", "openvino"] = "auto"
+    """What runs the model on a CPU. Encoders: `openvino` compiles the model's graph with
     OpenVINO (embed, classify, rerank, NER; multi-vector and LoRA adapters stay in
     torch); with `dtype = "bfloat16"` on a CPU with native bf16 it measured 1.3x torch's
-    bf16 autocast on MiniLM. A GPU always runs torch. Applies when the model is next
+    bf16 autocast on MiniLM; `auto` is `torch` for now. Generation: `auto` (and
+    `openvino`) runs OpenVINO GenAI's continuous-batching pipeline on a CPU, `torch` the
+    transformers engine. A GPU always runs torch. Applies when the model is next
     loaded."""
 
 

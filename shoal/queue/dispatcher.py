@@ -323,3 +323,12 @@ class Dispatcher:
     def ready_models(self) -> set[str]:
         """Models resident on some ready worker."""
         return {m for beat in self.live_workers() if beat.state == "ready" for m in beat.resident}
+
+    def engines(self) -> dict[str, str]:
+        """What runs each resident model (`openvino float32`), as its workers say; the
+        workers of one model agree unless their profiles or machines differ."""
+        found: dict[str, set[str]] = {}
+        for beat in self.live_workers():
+            for model, engine in beat.engines.items():
+                found.setdefault(model, set()).add(engine)
+        return {model: " | ".join(sorted(names)) for model, names in found.items()}

@@ -328,6 +328,8 @@ class WorkerHeartbeat(_Wire, tag="heartbeat", kw_only=True):
     """Tokens run per second (prompt tokens; generated tokens for generation)."""
     batch_fill: float = 0.0
     """Mean share of the token budget its recent batches used (encoders), 0..1."""
+    engines: dict[str, str] = {}
+    """What runs each resident model and in which precision (`openvino float32`)."""
 
 
 class JobHeader(msgspec.Struct):

@@ -340,7 +340,8 @@ async def tune(
 
         device = pick_device(settings.worker.device)
         dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(device)
-        engines = tuple(dict.fromkeys((spec.profile.engine, *_engines(device))))
+        current = "torch" if spec.profile.engine == "auto" else spec.profile.engine
+        engines = tuple(dict.fromkeys((current, *_engines(device))))
         dtypes, engines, quality = _guarded(settings, spec, sample[:128], dtypes, engines)
         if spec.profile.dtype not in dtypes:
             dtypes = (*dtypes, spec.profile.dtype)

@@ -198,6 +198,9 @@ class EncoderKind(WorkerKind):
             "memory_budget": r.budget,
             "loads": r.loads,
             "evictions": r.evictions,
+            "engines": {
+                m.spec.id: m.adapter.engine() for m in self.models.values() if m.state == "resident"
+            },
             **self.metrics.rates(),
         }
 

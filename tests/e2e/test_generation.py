@@ -372,3 +372,39 @@ def test_a_lora_adapter_for_generation_is_served_as_peft_computes_it(
     want = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert tuned.choices[0].message.content == want
     assert tuned.choices[0].message.content != plain.choices[0].message.content
+
+
+SEEDED_PROMPTS = [
+    [{"role": "user", "content": f"Write two sentences about {topic}."}]
+    for topic in ("the sea", "bread", "a lighthouse", "winter", "rivers", "chess")
+]
+
+
+def test_the_default_cpu_engine_is_openvino_and_its_greedy_answers_equal_float32(
+    stack, client, reference
+) -> None:
+    """The quality guard of the default runtime: OpenVINO GenAI in float32 gives the same
+    greedy answers as transformers' float32 `generate`, token for token, on a seeded set."""
+    models = {m["id"]: m for m in httpx.get(f"{stack}/v1/models", timeout=10).json()["data"]}
+    assert models[GEN_MODEL]["engine"] == "openvino float32"
+    for messages in SEEDED_PROMPTS:
+        r = client.chat.completions.create(
+            model=GEN_MODEL, messages=messages, max_tokens=32, temperature=0
+        )
+        text, _, generated = reference(messages, max_tokens=32)
+        assert r.choices[0].message.content == text, messages
+        stopped = r.choices[0].finish_reason == "stop"  # `generate` counts the EOS token too
+        assert r.usage.completion_tokens == generated - stopped
+
+
+def test_logprobs_agree_between_openvino_and_the_transformers_engine(client) -> None:
+    """`logprobs` alone runs in OpenVINO; with `top_logprobs` the request goes to the
+    transformers engine beside it: the same tokens, the same chosen-token logprobs."""
+    common = {"model": GEN_MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    alone = client.chat.completions.create(**common, logprobs=True).choices[0]
+    with_top = client.chat.completions.create(**common, logprobs=True, top_logprobs=2).choices[0]
+    assert alone.message.content == with_top.message.content
+    for a, b in zip(alone.logprobs.content, with_top.logprobs.content, strict=True):
+        assert a.token == b.token
+        assert abs(a.logprob - b.logprob) < 1e-3
+        assert a.top_logprobs == [] and len(b.top_logprobs) == 2

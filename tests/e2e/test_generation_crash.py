@@ -4,6 +4,8 @@ word."""
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import pytest
 
@@ -74,3 +76,31 @@ def test_kill_9_mid_stream_then_the_stream_completes_without_duplication(
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_without_its_export_tool_the_openvino_default_falls_back_to_transformers(
+    nats_server, tmp_path, lm_dir
+) -> None:
+    """`engine = "auto"` (the default) serves the model anyway when OpenVINO cannot start
+    here (no optimum-cli): with the transformers engine, said in the log and in
+    /v1/models."""
+    target = tmp_path / "cache" / "gguf" / lm_dir.name
+    shutil.copytree(lm_dir, target)  # the converted SmolLM2: no conversion here
+    env = {"SHOAL_GENERATOR__OPENVINO_EXPORT_COMMAND": "/nonexistent/optimum-cli"}
+    worker = start_worker(nats_server.url, tmp_path, GEN_MODEL, env, "gen", "generate")
+    gateway, base = start_gateway(nats_server.url, tmp_path)
+    try:
+        wait_until(lambda: model_ready(base, GEN_MODEL), 180, worker, "the generation worker")
+        models = {m["id"]: m for m in httpx.get(f"{base}/v1/models").json()["data"]}
+        assert models[GEN_MODEL]["engine"] == "torch float32"
+        assert "the OpenVINO runtime failed" in worker.log()
+        body = {
+            "model": GEN_MODEL,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hi"}],
+        }
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    finally:
+        gateway.stop()
+        worker.stop()

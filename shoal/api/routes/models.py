@@ -13,7 +13,9 @@ __all__ = ["ModelsController"]
 
 
 def _card(gateway: GatewayDep, target: Target, ready: set[str]) -> Model:
-    return Model.from_spec(target.spec, gateway.started_at, target.spec.id in ready, target.adapter)
+    spec = target.spec
+    engine = gateway.dispatcher.engines().get(spec.id, "")
+    return Model.from_spec(spec, gateway.started_at, spec.id in ready, target.adapter, engine)
 
 
 class ModelsController(Controller):

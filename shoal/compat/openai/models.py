@@ -25,9 +25,14 @@ class Model(msgspec.Struct, kw_only=True):
     """Whether a live worker has this model loaded now."""
     parent: str | None = None
     """For a LoRA adapter (`base:adapter`): the base model."""
+    engine: str | None = None
+    """What runs it and in which precision (`openvino float32`), as its workers report;
+    None until one has loaded it."""
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, created: int, ready: bool, adapter: str = "") -> Model:
+    def from_spec(
+        cls, spec: ModelSpec, created: int, ready: bool, adapter: str = "", engine: str = ""
+    ) -> Model:
         return cls(
             id=f"{spec.id}:{adapter}" if adapter else spec.id,
             parent=spec.id if adapter else None,
@@ -38,6 +43,7 @@ class Model(msgspec.Struct, kw_only=True):
             max_length=spec.max_length,
             aliases=[] if adapter else list(spec.aliases),
             ready=ready,
+            engine=engine or None,
         )
 
 

@@ -115,7 +115,7 @@ class TorchAdapter(EncoderAdapter):
         """Hand `graph` (the adapter's main forward, taking `example`'s inputs by name) to
         the profile's engine; called by `load`. The torch engine needs nothing."""
         self._engine = None
-        if self.spec.profile.engine == "torch":
+        if self.spec.profile.engine != "openvino":  # "auto" is torch for encoders (for now)
             return
         if self.device != "cpu":
             log.warning(
@@ -143,6 +143,14 @@ class TorchAdapter(EncoderAdapter):
         with self._compute():
             tensors = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
             return graph(**tensors).float().cpu().numpy()
+
+    def engine(self) -> str:
+        if self._engine is not None:
+            return f"openvino {'bfloat16' if self._engine.precision == 'bf16' else 'float32'}"
+        if self._autocast is not None:
+            return "torch bfloat16 (autocast)"
+        dtype = next(self.model.parameters()).dtype if self.model is not None else None
+        return f"torch {str(dtype).removeprefix('torch.') if dtype else self.spec.profile.dtype}"
 
     def memory_bytes(self) -> int:
         assert self.model is not None

@@ -84,6 +84,11 @@ class EncoderAdapter(ABC):
         """Bytes the loaded weights take (0 when unknown)."""
         return 0
 
+    def engine(self) -> str:
+        """What runs the loaded model and in which precision (`torch float32`), for
+        heartbeats and `/v1/models`."""
+        return self.spec.runtime
+
     @abstractmethod
     def warmup(self) -> None:
         """Run one small batch per op so the first request pays no lazy initialisation."""

@@ -63,6 +63,11 @@ class GenerationRuntime(ABC):
         """The largest batch a step has run (continuous batching at work when > 1)."""
         return 0
 
+    @property
+    def engine_name(self) -> str:
+        """What runs the model and in which precision, for heartbeats and /v1/models."""
+        return f"torch {self.spec.profile.dtype}"
+
 
 class TransformersRuntime(GenerationRuntime):
     """A causal LM with transformers, continuously batched by `Engine` on its own thread."""

@@ -72,6 +72,10 @@ class SGLangRuntime(GenerationRuntime):
         self._stopping = False
         self.restarts = 0
 
+    @property
+    def engine_name(self) -> str:
+        return "sglang"
+
     # Lifecycle ------------------------------------------------------------------------------
 
     def start(self, path: str, on_events: Callable[[list[TokenEvent]], None]) -> None:

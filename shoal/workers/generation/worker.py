@@ -15,6 +15,7 @@ slots.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import secrets
 import time
@@ -113,20 +114,39 @@ class GenerationKind(WorkerKind):
         served = self.settings.generator.models
         return "generate" in spec.tasks and ("*" in served or spec.id in served)
 
-    def _make_runtime(self, spec: ModelSpec) -> GenerationRuntime:
+    def _make_runtime(self, spec: ModelSpec, engine: str) -> GenerationRuntime:
         g = self.settings.generator
         slots = g.max_running or spec.profile.max_batch_items
+        loras = self.settings.worker.max_adapters_per_model
         if spec.runtime == "sglang":
             from .sglang import SGLangRuntime
 
             return SGLangRuntime(spec, slots, g)
-        return TransformersRuntime(
-            spec, slots, g.device, self.settings.worker.max_adapters_per_model
-        )
+        if engine == "openvino":
+            from .openvino import OpenVINORuntime
+
+            threads = spec.profile.threads or self.settings.worker.threads
+            return OpenVINORuntime(spec, slots, g, self.settings.cache_dir, threads, loras)
+        return TransformersRuntime(spec, slots, g.device, loras)
+
+    def _engine(self, spec: ModelSpec) -> str:
+        """`openvino` on a CPU unless the profile says `torch` (or OpenVINO GenAI is not
+        installed: then `auto` is torch); a GPU runs torch (SGLang is its runtime)."""
+        from ..adapters.sentence_transformers import pick_device
+
+        if spec.profile.engine == "torch" or pick_device(self.settings.generator.device) != "cpu":
+            return "torch"
+        if spec.profile.engine == "auto" and importlib.util.find_spec("openvino_genai") is None:
+            log.warning(
+                "%s: openvino-genai is not installed; the transformers engine runs it", spec.id
+            )
+            return "torch"
+        return "openvino"
 
     async def add_model(self, spec: ModelSpec) -> None:
         """Load the model now: a generation worker is ready once its runtimes are."""
-        runtime = self._preset.get(spec.id) or self._make_runtime(spec)
+        engine = self._engine(spec)
+        runtime = self._preset.get(spec.id) or self._make_runtime(spec, engine)
         self._runtimes.append(runtime)
         model = _Model(spec, runtime)
         loop = asyncio.get_running_loop()
@@ -135,7 +155,22 @@ class GenerationKind(WorkerKind):
             loop.call_soon_threadsafe(model.events.put_nowait, events)
 
         path = await loop.run_in_executor(self._loader, self._local_path, spec)
-        await loop.run_in_executor(self._loader, runtime.start, path, on_events)
+        try:
+            await loop.run_in_executor(self._loader, runtime.start, path, on_events)
+        except Exception as exc:
+            if spec.id in self._preset or engine != "openvino" or spec.profile.engine != "auto":
+                raise
+            # The default engine could not start here (no export tool, say): the model is
+            # still served, by the transformers engine, and the log says why.
+            log.warning(
+                "%s: the OpenVINO runtime failed (%s); the transformers engine runs it",
+                spec.id,
+                exc,
+            )
+            self._runtimes.remove(runtime)
+            runtime = model.runtime = self._make_runtime(spec, "torch")
+            self._runtimes.append(runtime)
+            await loop.run_in_executor(self._loader, runtime.start, path, on_events)
         model.streaming = asyncio.create_task(self._stream_out(model))
         self.models[spec.id] = model
 
@@ -166,6 +201,7 @@ class GenerationKind(WorkerKind):
             "resident": sorted(self.models),
             "batch_max": max((r.max_batch for r in runtimes), default=0),
             "active": sum(r.running for r in runtimes),
+            "engines": {m.spec.id: m.runtime.engine_name for m in self.models.values()},
             **self.metrics.rates(),  # tokens/s; it runs no encoder batches
         }
 
