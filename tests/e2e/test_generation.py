@@ -408,3 +408,13 @@ def test_logprobs_agree_between_openvino_and_the_transformers_engine(client) -> 
         assert a.token == b.token
         assert abs(a.logprob - b.logprob) < 1e-3
         assert a.top_logprobs == [] and len(b.top_logprobs) == 2
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 1e-9])
+def test_a_vanishing_top_p_samples_only_the_likeliest_token(client, top_p: float) -> None:
+    """1e-46 is 0 in the float32 the engine holds top_p in (OpenVINO refuses 0): any top_p
+    this small keeps one token, so sampling at any temperature gives the greedy text."""
+    common = {"model": GEN_MODEL, "messages": QUESTION, "max_tokens": 12}
+    greedy = client.chat.completions.create(**common, temperature=0).choices[0].message.content
+    sampled = client.chat.completions.create(**common, temperature=1.5, top_p=top_p, seed=7)
+    assert sampled.choices[0].message.content == greedy

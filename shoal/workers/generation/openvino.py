@@ -56,6 +56,7 @@ __all__ = ["OpenVINORuntime", "export_command", "openvino_ir"]
 log = logging.getLogger(__name__)
 
 _EXPORT_TIMEOUT = 3600.0
+_SMALLEST_TOP_P = 1e-30  # a normal float32, far below any top_p that keeps two tokens
 
 
 def export_command(settings: GeneratorSettings) -> list[str]:
@@ -264,11 +265,19 @@ class OpenVINORuntime(GenerationRuntime):
         for seq in [s for s in self._active if s.req.job in cancelled]:
             seq.handle.cancel()  # leaves the batch and frees its KV blocks next step
         self._active = [s for s in self._active if s.req.job not in cancelled]
+        refused: list[TokenEvent] = []
         for req in requests:
-            ids = self._og_tensor(req.prompt_ids)
-            handle = self._pipe.add_request(_request_id(req), ids, self._config(req))
+            try:
+                ids = self._og_tensor(req.prompt_ids)
+                handle = self._pipe.add_request(_request_id(req), ids, self._config(req))
+            except Exception as exc:  # one request the engine refuses fails alone
+                log.exception("OpenVINO refused request %s", req.job)
+                refused.append(TokenEvent(req.job, req.choice, error=str(exc)))
+                continue
             tracker = TextTracker(self._decode, list(req.sampling.stop))
             self._active.append(_Sequence(req, handle, tracker))
+        if refused:
+            self._on_events(refused)
 
     def _og_tensor(self, ids: list[int]):
         import numpy as np
@@ -284,7 +293,10 @@ class OpenVINORuntime(GenerationRuntime):
         if s.temperature > 0:
             config.do_sample = True
             config.temperature = s.temperature
-            config.top_p = s.top_p
+            # OpenVINO holds top_p as a float32, in which a top_p below ~1e-38 is 0 and
+            # refused; every top_p that small keeps only the likeliest token, so the floor
+            # changes no answer.
+            config.top_p = max(s.top_p, _SMALLEST_TOP_P)
             config.rng_seed = (s.seed + req.choice) % 2**63
         config.presence_penalty = s.presence_penalty
         config.frequency_penalty = s.frequency_penalty
