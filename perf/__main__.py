@@ -1,5 +1,7 @@
-"""`python -m perf knee ...` (the knee finder), `python -m perf profile ...` (where the
-time goes) and `python -m perf texts` (the text sets)."""
+"""`python -m perf knee ...` (the knee finder), `python -m perf bakeoff ...` (generation
+engines side by side), `python -m perf chat-batch ...` (a chat batch job against the
+engine, live latency under it), `python -m perf profile ...` (where the time goes) and
+`python -m perf texts` (the text sets)."""
 
 from __future__ import annotations
 
@@ -16,12 +18,22 @@ def main() -> None:
         from perf.knee import main as knee
 
         knee(sys.argv[2:])
+    elif command == "bakeoff":
+        from perf.bakeoff import main as bakeoff
+
+        bakeoff(sys.argv[2:])
+    elif command == "chat-batch":
+        from perf.chat_batch import main as chat_batch
+
+        chat_batch(sys.argv[2:])
     elif command == "profile":
         from perf.profile import main as profile
 
         profile(sys.argv[2:])
     else:
-        sys.exit("usage: python -m perf knee|profile --help | python -m perf texts")
+        sys.exit(
+            "usage: python -m perf knee|bakeoff|chat-batch|profile --help | python -m perf texts"
+        )
 
 
 if __name__ == "__main__":

@@ -16,12 +16,16 @@ Targets: `shoal` (nats-server, one worker for the workload's model and the gatew
 started here, or `--url` of a running gateway; `--profile` overrides the model's batching
 profile), `shoal-bf16` (the same in bf16: CPU autocast where the CPU has native bf16),
 `shoal-openvino` (bf16 in the OpenVINO engine: its graph compiled for the CPU),
+`shoal-tree` (`shoal` run from the checkout `--tree`: before and after a change),
 `naive` (perf/peers/naive_server.py: FastAPI calling `encode` per request; needs the
 `perf` extra; embed only), `infinity-torch` and `infinity-optimum` (infinity-emb 0.0.78 in
 its own venv, made by perf/peers/infinity_venv.sh, serving the same local model with its
 torch engine or ONNX Runtime through optimum; optimum on embed only; `infinity-torch-bf16`
 is its torch engine with `--dtype bfloat16`), `llamacpp`
 (llama-cpp-python's server on the same GGUF, built by perf/peers/llamacpp_venv.sh; chat),
+`llamacpp-np<N>` (llama.cpp's own server, `-np N --cont-batching`, built by
+perf/peers/llamacpp_server_venv.sh; chat), `shoal-torch` (Shoal's transformers engine for
+generation, `engine = "torch"`),
 `inprocess` (the library call at its best batch size, without a server: the limit).
 Workloads (perf/workloads.py, from the seeded sets in perf/data): `embed-short`,
 `embed-long`, `embed-mixed`, `rerank`, `chat`. Embed targets' vectors are checked against
@@ -53,6 +57,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perf.bakeoff import llama_server  # noqa: E402
 from perf.embed_throughput import load_model, machine  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
 from perf.workloads import WORKLOADS, Workload, reranker_dir, task_models_spec  # noqa: E402
@@ -121,19 +126,22 @@ def _checked_texts(workload: Workload) -> list[str]:
 
 
 @contextlib.contextmanager
-def shoal_server(url: str | None, profile: dict[str, Any], workload: Workload) -> Iterator[str]:
+def shoal_server(
+    url: str | None, profile: dict[str, Any], workload: Workload, tree: Path | None = None
+) -> Iterator[str]:
     if url:
         yield url
         return
-    with shoal_stack(profile, workload) as stack:
+    with shoal_stack(profile, workload, tree) as stack:
         yield stack.base
 
 
-def shoal_stack(profile: dict[str, Any], workload: Workload):
-    """Shoal's processes for `workload`'s model, with `profile` over its own."""
+def shoal_stack(profile: dict[str, Any], workload: Workload, tree: Path | None = None):
+    """Shoal's processes for `workload`'s model, with `profile` over its own (from the
+    checkout `tree`, else this one)."""
     kind = "generate" if workload.model == GEN_MODEL else "encode"
     spec = task_models_spec() if workload.name == "rerank" else None
-    return local_stack(profile, model=workload.model, kind=kind, spec=spec)
+    return local_stack(profile, model=workload.model, kind=kind, spec=spec, tree=tree)
 
 
 @contextlib.contextmanager
@@ -155,6 +163,9 @@ def llamacpp_server(workload: Workload) -> Iterator[str]:
         "--port", str(port),
         "--n_threads", str(os.cpu_count() or 1),
         "--n_ctx", "2048",
+        # Its default interrupts a running stream when another request comes: under
+        # concurrent load most answers would end at once, empty, with HTTP 200.
+        "--interrupt_requests", "False",
     ]  # fmt: skip
     yield from _peer(command, port, {}, 300, "llama-cpp-python", health="/v1/models")
 
@@ -292,8 +303,8 @@ def write_results(
         f"# Knee: {workload.name}",
         "",
         f"`{document['command']}` on {document['machine']['cpu']} "
-        f"({document['machine']['cores']} cores), torch {document['machine']['torch']}, "
-        f"{document['machine']['torch_threads']} threads.",
+        f"({document['machine']['cores']} cores; {document['machine'].get('flags', '')}), "
+        f"torch {document['machine']['torch']}, {document['machine']['torch_threads']} threads.",
         "",
         f"| target | knee ({unit}/s) | vs in-process | p50 at half the knee (ms) "
         f"| worst cosine to float32 ({CHECKED} texts) | note |",
@@ -377,6 +388,11 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--url", help="a running Shoal gateway instead of starting one")
     parser.add_argument(
+        "--tree",
+        help="target `shoal-tree`: Shoal from this other checkout (e.g. a git worktree of "
+        "the commit before a change), to measure before and after in one run",
+    )
+    parser.add_argument(
         "--profile",
         type=_profile_arg,
         default={},
@@ -399,6 +415,7 @@ def main(argv: list[str]) -> None:
         "shoal-bf16": lambda: shoal_server(
             args.url, {**args.profile, "dtype": "bfloat16"}, workload
         ),
+        "shoal-tree": lambda: shoal_server(None, args.profile, workload, Path(args.tree)),
         "shoal-openvino": lambda: shoal_server(
             args.url, {**args.profile, "dtype": "bfloat16", "engine": "openvino"}, workload
         ),
@@ -406,6 +423,9 @@ def main(argv: list[str]) -> None:
         "infinity-torch": lambda: infinity_server("torch", workload),
         "infinity-torch-bf16": lambda: infinity_server("torch", workload, dtype="bfloat16"),
         "infinity-optimum": lambda: infinity_server("optimum", workload),
+        "shoal-torch": lambda: shoal_server(
+            args.url, {**args.profile, "engine": "torch"}, workload
+        ),
         "llamacpp": lambda: llamacpp_server(workload),
     }
     results = []
@@ -415,6 +435,9 @@ def main(argv: list[str]) -> None:
             rate, note = workload.inprocess()
             results.append(TargetResult("inprocess", knee_tps=rate, note=note))
             continue
+        if target.startswith("llamacpp-np"):
+            slots = int(target.removeprefix("llamacpp-np"))
+            servers[target] = lambda slots=slots: llama_server(slots, os.cpu_count() or 1)
         try:
             with servers[target]() as base:
                 results.append(asyncio.run(measure_server(target, base, workload, args, reference)))

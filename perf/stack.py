@@ -28,19 +28,22 @@ def local_stack(
     model: str = MODEL,
     kind: str = "encode",
     spec: Path | None = None,
+    tree: Path | None = None,
 ) -> Iterator[Stack]:
     """Start everything on loopback in a temporary data dir, with one worker of `kind`
     serving `model`; yield where it listens. `spec` is a user model spec (for models
     beyond the built-in ones); `profile` overrides fields of `model`'s batching profile,
-    e.g. `{"dtype": "bfloat16"}` (both reach the processes as one user spec file)."""
+    e.g. `{"dtype": "bfloat16"}` (both reach the processes as one user spec file). `tree`:
+    run the worker and gateway from another checkout of Shoal (before and after a change,
+    in one run)."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         env = {"SHOAL_WORKER__PINNED": model}  # loaded before /ready says ready
         if profile or spec:
             env["SHOAL_MODELS_FILE"] = str(_user_spec(tmp_path, model, profile or {}, spec))
         nats = EmbeddedNats(tmp_path / "nats").start()
-        worker = start_worker(nats.url, tmp_path, models=model, extra=env, kind=kind)
-        gateway, base = start_gateway(nats.url, tmp_path, extra=env)
+        worker = start_worker(nats.url, tmp_path, models=model, extra=env, kind=kind, cwd=tree)
+        gateway, base = start_gateway(nats.url, tmp_path, extra=env, cwd=tree)
         try:
             wait_ready(base, worker, timeout=300)
             yield Stack(base, {"gateway": gateway.pid, "worker": worker.pid})

