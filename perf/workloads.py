@@ -7,6 +7,7 @@ across servers:
 - `embed-short` (8 queries of ~10-30 tokens per request), `embed-long` (2 passages of
   ~200-470 tokens; MiniLM truncates at 256), `embed-mixed` (8 texts from the mixed set):
   MiniLM; the in-process limit is sentence-transformers `encode` at its best batch size.
+- `embed-bulk`: 64 passages per request, counted in tokens: what a GPU worker is fed.
 - `rerank`: one query and 8 candidate documents (short texts, so no server truncates
   differently) on a MiniLM cross-encoder with a fresh seeded head (no package ships
   reranker weights; throughput does not depend on what the head learned); the limit is
@@ -74,6 +75,36 @@ def _embed(name: str, set_name: str, per_request: int) -> Workload:
         return _best_batch(lambda sample, b: model.encode(sample, batch_size=b), texts, "texts")
 
     return Workload(name, "/v1/embeddings", "texts", per_request, bodies, count, inprocess, MODEL)
+
+
+def _embed_bulk() -> Workload:
+    """Bulk embedding, as a GPU is fed: 64 passages per request, counted in tokens (the
+    model's own count, from each answer's usage; MiniLM truncates at 256)."""
+    per_request = 64
+    texts = load("passages")
+    bodies = [
+        {"model": MODEL, "input": texts[i : i + per_request], "encoding_format": "base64"}
+        for i in range(0, len(texts) - per_request + 1, per_request)
+    ]
+    tokens_per_request = 200 * per_request  # about what a request holds: the offered load
+
+    def count(answer: dict) -> int:
+        return answer["usage"]["prompt_tokens"] if len(answer["data"]) == per_request else 0
+
+    def inprocess() -> tuple[float, str]:
+        from perf.embed_throughput import load_model
+
+        model = load_model()
+        tokens = sum(min(256, len(model.tokenizer(t)["input_ids"])) for t in texts[:1024])
+        rate, note = _best_batch(
+            lambda sample, b: model.encode(sample, batch_size=b), texts, "texts"
+        )
+        return rate * tokens / min(len(texts), 1024), f"{note} (tokens/s)"
+
+    return Workload(
+        "embed-bulk", "/v1/embeddings", "tokens", tokens_per_request, bodies, count, inprocess,
+        MODEL, p99_bound=2.0,
+    )  # fmt: skip
 
 
 def _rerank() -> Workload:
@@ -144,7 +175,7 @@ def _chat() -> Workload:
 def _best_batch(run: Callable[[list, int], object], items: list, unit: str) -> tuple[float, str]:
     sample = items[: min(len(items), 1024)]
     best, best_batch = 0.0, 0
-    for batch in (8, 16, 32, 64, 128):
+    for batch in (8, 16, 32, 64, 128, 256):
         run(sample[:batch], batch)  # warm up
         started = time.perf_counter()
         run(sample, batch)
@@ -185,6 +216,7 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "embed-short": lambda: _embed("embed-short", "short", 8),
     "embed-long": lambda: _embed("embed-long", "passages", 2),
     "embed-mixed": lambda: _embed("embed-mixed", "mixed", 8),
+    "embed-bulk": _embed_bulk,
     "rerank": _rerank,
     "chat": _chat,
 }

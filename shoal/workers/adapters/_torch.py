@@ -150,7 +150,8 @@ class TorchAdapter(EncoderAdapter):
         if self._autocast is not None:
             return "torch bfloat16 (autocast)"
         dtype = next(self.model.parameters()).dtype if self.model is not None else None
-        return f"torch {str(dtype).removeprefix('torch.') if dtype else self.spec.profile.dtype}"
+        name = str(dtype).removeprefix("torch.") if dtype else self.spec.profile.dtype
+        return f"torch {name}" if self.device == "cpu" else f"torch {name} ({self.device})"
 
     def memory_bytes(self) -> int:
         assert self.model is not None

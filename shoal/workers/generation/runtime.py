@@ -138,3 +138,9 @@ class TransformersRuntime(GenerationRuntime):
     @property
     def max_batch(self) -> int:
         return self.engine.max_batch if self.engine is not None else 0
+
+    @property
+    def engine_name(self) -> str:
+        device = self.engine.device.type if self.engine is not None else "cpu"
+        name = super().engine_name
+        return name if device == "cpu" else f"{name} ({device})"
