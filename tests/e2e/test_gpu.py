@@ -131,7 +131,11 @@ def test_half_precision_profiles_on_cuda_stay_close_to_float32(
     )
     root = tmp_path_factory.mktemp(f"gpu-{dtype}")
     nats = EmbeddedNats(root / "nats").start()
-    env = {"SHOAL_MODELS_FILE": str(spec), "SHOAL_WORKER__DEVICE": "cuda"}
+    env = {
+        "SHOAL_MODELS_FILE": str(spec),
+        "SHOAL_WORKER__DEVICE": "cuda",
+        "SHOAL_WORKER__PINNED": "minilm-half",  # loaded at start, so /v1/models says ready
+    }
     worker = start_worker(nats.url, root, models="minilm-half", extra=env)
     gateway, base = start_gateway(nats.url, root, env)
     try:
