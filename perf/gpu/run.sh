@@ -33,7 +33,7 @@ PY
 echo "setup: $(( $(date +%s) - started )) s"
 tail -3 "$OUT/setup.log"
 
-timeout 300 python3 -m pytest -m gpu tests/e2e/test_gpu.py -p no:cacheprovider -q -x \
+timeout 330 python3 -m pytest -m gpu tests/e2e/test_gpu.py -p no:cacheprovider -q \
   -o addopts="" --timeout 240 > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests: exit $? ($(( $(date +%s) - started )) s)"
 tail -15 "$OUT/gpu-tests.log"

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from shoal.queue.embedded import EmbeddedNats
-from tests.helpers import MODEL, start_gateway, start_worker, wait_ready, wait_until
+from tests.helpers import (
+    MODEL,
+    model_ready,
+    start_gateway,
+    start_worker,
+    wait_ready,
+    wait_until,
+)
 from tests.task_models import TASK_MODELS, build_lora_adapter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -139,7 +146,9 @@ def test_half_precision_profiles_on_cuda_stay_close_to_float32(
     worker = start_worker(nats.url, root, models="minilm-half", extra=env)
     gateway, base = start_gateway(nats.url, root, env)
     try:
-        wait_until(lambda: _ready(base, "minilm-half"), 180, worker, "the half-precision model")
+        wait_until(
+            lambda: model_ready(base, "minilm-half"), 180, worker, "the half-precision model"
+        )
         with httpx.Client(base_url=base, timeout=60) as http:
             body = http.post("/v1/embeddings", json={"model": "minilm-half", "input": TEXTS}).json()
             engine = next(
@@ -205,7 +214,7 @@ def test_the_transformers_generation_runtime_on_cuda_matches_generate(
     worker = start_worker(nats.url, tmp_path, TINY_LM, env, "gen", "generate")
     gateway, base = start_gateway(nats.url, tmp_path, env)
     try:
-        wait_until(lambda: _ready(base, TINY_LM), 180, worker, "the generation worker")
+        wait_until(lambda: model_ready(base, TINY_LM), 180, worker, "the generation worker")
         prompt = "the harbour lights"
         body = {"model": TINY_LM, "prompt": prompt, "max_tokens": 16, "temperature": 0}
         r = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
@@ -224,11 +233,3 @@ def test_the_transformers_generation_runtime_on_cuda_matches_generate(
         gateway.stop()
         worker.stop()
         nats.stop()
-
-
-def _ready(base: str, model: str) -> bool:
-    try:
-        models = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
-    except httpx.HTTPError:
-        return False
-    return any(m["id"] == model and m["ready"] for m in models)

@@ -46,9 +46,8 @@ from pathlib import Path
 from ...config import GeneratorSettings
 from ...lifecycle import die_with_parent
 from ...model_registry import ModelSpec
-from ...queue.messages import ChatTurn
 from .engine import SequenceRequest, TokenEvent
-from .runtime import GenerationRuntime, TransformersRuntime, chat_prompt_ids
+from .runtime import GenerationRuntime, TransformersRuntime
 from .text import TextTracker
 
 __all__ = ["OpenVINORuntime", "export_command", "openvino_ir"]
@@ -202,9 +201,6 @@ class OpenVINORuntime(GenerationRuntime):
     @property
     def context(self) -> int:
         return self._context
-
-    def prompt_ids(self, messages: Sequence[ChatTurn], prompt: str) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages, prompt)
 
     def submit(self, requests: list[SequenceRequest]) -> None:
         mine = [r for r in requests if not _needs_torch(r)]

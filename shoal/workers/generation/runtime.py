@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ...model_registry import ModelSpec
 from ...queue.messages import ChatTurn
@@ -27,6 +28,9 @@ class GenerationRuntime(ABC):
     """Runs sequences; reports their tokens through the `on_events` callback (from any
     thread: the caller hands them back to its event loop)."""
 
+    tokenizer: Any
+    """The model's transformers tokenizer, loaded by `start`."""
+
     def __init__(self, spec: ModelSpec, max_running: int) -> None:
         self.spec = spec
         self.max_running = max_running
@@ -43,9 +47,10 @@ class GenerationRuntime(ABC):
     def context(self) -> int:
         """Longest prompt plus output, in tokens."""
 
-    @abstractmethod
     def prompt_ids(self, messages: Sequence[ChatTurn], prompt: str) -> list[int]:
-        """The prompt's tokens: the chat template applied to `messages`, or `prompt`."""
+        """The prompt's tokens: the chat template applied to `messages`, or `prompt` (with
+        the tokenizer `start` loaded)."""
+        return chat_prompt_ids(self.tokenizer, messages, prompt)
 
     @abstractmethod
     def submit(self, requests: list[SequenceRequest]) -> None: ...
@@ -119,9 +124,6 @@ class TransformersRuntime(GenerationRuntime):
     @property
     def context(self) -> int:
         return self._context
-
-    def prompt_ids(self, messages: Sequence[ChatTurn], prompt: str) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages, prompt)
 
     def submit(self, requests: list[SequenceRequest]) -> None:
         assert self.engine is not None

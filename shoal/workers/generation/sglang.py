@@ -34,7 +34,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import httpx
 
@@ -42,9 +42,8 @@ from ...config import GeneratorSettings
 from ...lifecycle import die_with_parent
 from ...model_registry import ModelSpec
 from ...queue.embedded import free_port
-from ...queue.messages import ChatTurn
 from .engine import SequenceRequest, TokenEvent
-from .runtime import GenerationRuntime, chat_prompt_ids
+from .runtime import GenerationRuntime
 
 __all__ = ["SGLangRuntime"]
 
@@ -159,9 +158,6 @@ class SGLangRuntime(GenerationRuntime):
     @property
     def context(self) -> int:
         return self._context
-
-    def prompt_ids(self, messages: Sequence[ChatTurn], prompt: str) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages, prompt)
 
     @property
     def running(self) -> int:
