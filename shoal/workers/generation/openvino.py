@@ -2,13 +2,14 @@
 
 OpenVINO GenAI (`openvino-genai`, a prebuilt wheel of the OpenVINO the encoders already
 use) runs a causal LM with a paged KV cache, continuous batching, prefix caching and its
-own sampler, in C++. This runtime owns one `ContinuousBatchingPipeline` per model on one
-engine thread: between steps it adds the sequences submitted since the last step
-(`add_request` with token ids: Shoal applies the chat template itself, so prompts and
-usage are the same as on every runtime) and cancels those whose request went away;
-after each step it reads every sequence's new token ids and turns them into text with
-Shoal's own incremental detokenizer (which also cuts at stop strings, exactly where
-OpenAI does, never emitting them).
+own sampler, in C++. This runtime owns one `ContinuousBatchingPipeline` per model, stepped
+in a process of its own (openvino_host.py: a step holds the GIL throughout): between steps
+that process adds the sequences submitted since the last step (`add_request` with token
+ids: Shoal applies the chat template itself, so prompts and usage are the same as on
+every runtime) and cancels those whose request went away; after each step this side reads
+every sequence's new token ids and turns them into text with Shoal's own incremental
+detokenizer (which also cuts at stop strings, exactly where OpenAI does, never emitting
+them).
 
 What maps to GenAI (checked against openvino-genai 2026.4.1): greedy or sampled
 (`temperature`, `top_p`) with a per-sequence `rng_seed` (seed + choice, so a redelivered
@@ -35,18 +36,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from ...config import GeneratorSettings
 from ...lifecycle import die_with_parent
 from ...model_registry import ModelSpec
 from .engine import SequenceRequest, TokenEvent
+from .openvino_host import host
 from .runtime import GenerationRuntime, TransformersRuntime
 from .text import TextTracker
 
@@ -115,21 +119,22 @@ def openvino_ir(source: str, cache_dir: Path, command: Sequence[str]) -> Path:
 
 
 class _Sequence:
-    """One sequence in the pipeline: its handle, its text and how far it got."""
+    """One sequence in the pipeline: its request, its text and how far it got."""
 
-    __slots__ = ("finished", "generated", "handle", "req", "tracker")
+    __slots__ = ("finished", "generated", "req", "rid", "tracker")
 
-    def __init__(self, req: SequenceRequest, handle, tracker: TextTracker) -> None:
+    def __init__(self, req: SequenceRequest, rid: int, tracker: TextTracker) -> None:
         self.req = req
-        self.handle = handle
+        self.rid = rid
         self.tracker = tracker
         self.generated = 0
         self.finished = False
 
 
 class OpenVINORuntime(GenerationRuntime):
-    """One OpenVINO GenAI continuous-batching pipeline for one model, on its own thread;
-    requests it cannot serve go to a transformers engine beside it."""
+    """One OpenVINO GenAI continuous-batching pipeline for one model, stepped in a process
+    of its own (openvino_host.py says why); requests it cannot serve go to a transformers
+    engine beside it."""
 
     def __init__(
         self,
@@ -144,19 +149,18 @@ class OpenVINORuntime(GenerationRuntime):
         self._settings = settings
         self._cache_dir = cache_dir
         self._threads = threads or os.cpu_count() or 1
-        self._lock = threading.Condition()
-        self._pending: list[SequenceRequest] = []
-        self._cancelled: set[str] = set()
-        self._active: list[_Sequence] = []
+        self._lock = threading.Lock()  # the pipe's sending end and `_active`
+        self._active: dict[int, _Sequence] = {}
+        self._conn: Connection | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._reader: threading.Thread | None = None
         self._stopping = False
-        self._thread: threading.Thread | None = None
         self._max_batch = 0
         self._fallback = _Fallback(lambda: TransformersRuntime(spec, max_running, "cpu", max_loras))
 
     # Lifecycle --------------------------------------------------------------------------
 
     def start(self, path: str, on_events: Callable[[list[TokenEvent]], None]) -> None:
-        import openvino_genai as og
         from transformers import AutoConfig, AutoTokenizer
 
         self._on_events = on_events
@@ -169,33 +173,52 @@ class OpenVINORuntime(GenerationRuntime):
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos])
         ir = openvino_ir(path, self._cache_dir, export_command(self._settings))
-        scheduler = og.SchedulerConfig()
-        scheduler.cache_size = max(1, round(self._settings.openvino_cache_gb))
-        scheduler.max_num_seqs = self.max_running
-        scheduler.dynamic_split_fuse = True
-        scheduler.enable_prefix_caching = True
+        scheduler = {
+            "cache_size": max(1, round(self._settings.openvino_cache_gb)),
+            "max_num_seqs": self.max_running,
+            "dynamic_split_fuse": True,
+            "enable_prefix_caching": True,
+        }
         exact = self.spec.profile.dtype == "float32"
-        properties = {"INFERENCE_NUM_THREADS": self._threads}
+        properties: dict[str, object] = {"INFERENCE_NUM_THREADS": self._threads}
         if exact:
             properties |= {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
-        self._pipe = og.ContinuousBatchingPipeline(str(ir), scheduler, "CPU", properties)
-        self._og = og
+        # spawn, not fork: the worker has threads and an event loop a fork would copy.
+        context = multiprocessing.get_context("spawn")
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(
+            target=host, args=(theirs, str(ir), scheduler, properties), daemon=True,
+            name=f"shoal-openvino-{self.spec.id}",
+        )  # fmt: skip
+        self._process.start()
+        theirs.close()
+        try:
+            answer = self._conn.recv()
+        except EOFError:
+            answer = ("failed", f"the OpenVINO process exited ({self._process.exitcode})")
+        if answer[0] != "ready":
+            self._process.join(timeout=5)
+            raise RuntimeError(f"OpenVINO could not load {self.spec.id}: {answer[1]}")
         log.info(
-            "OpenVINO runtime for %s: %d threads, %s, up to %d sequences",
+            "OpenVINO runtime for %s: %d threads, %s, up to %d sequences, in process %d",
             self.spec.id,
             self._threads,
             "float32 (exact)" if exact else "the CPU's fastest precision",
             self.max_running,
+            self._process.pid,
         )
-        self._thread = threading.Thread(target=self._run, name="shoal-openvino", daemon=True)
-        self._thread.start()
+        self._reader = threading.Thread(target=self._read, name="shoal-openvino", daemon=True)
+        self._reader.start()
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            self._lock.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._stopping = True
+        if self._process is not None and self._process.is_alive():
+            self._send(("stop",))
+            self._process.join(timeout=3)
+            if self._process.is_alive():
+                self._process.kill()
+        if self._reader is not None:
+            self._reader.join(timeout=2)
         self._fallback.stop()
 
     @property
@@ -206,20 +229,26 @@ class OpenVINORuntime(GenerationRuntime):
         mine = [r for r in requests if not _needs_torch(r)]
         if len(mine) < len(requests):
             self._fallback.submit([r for r in requests if _needs_torch(r)])
-        if mine:
+        for req in mine:
+            rid = _request_id(req)
+            seq = _Sequence(req, rid, TextTracker(self._decode, list(req.sampling.stop)))
             with self._lock:
-                self._pending.extend(mine)
-                self._lock.notify_all()
+                self._active[rid] = seq
+            if not self._send(("add", rid, req.prompt_ids, _fields(req))):
+                self._fail([seq], "the OpenVINO process is gone")
 
     def cancel(self, job: str) -> None:
         with self._lock:
-            self._cancelled.add(job)
-            self._lock.notify_all()
+            gone = [s for s in self._active.values() if s.req.job == job]
+            for seq in gone:
+                del self._active[seq.rid]
+        for seq in gone:
+            self._send(("cancel", seq.rid))
         self._fallback.cancel(job)
 
     @property
     def running(self) -> int:
-        return len(self._active) + len(self._pending) + self._fallback.running
+        return len(self._active) + self._fallback.running
 
     @property
     def max_batch(self) -> int:
@@ -230,104 +259,71 @@ class OpenVINORuntime(GenerationRuntime):
         precision = "float32" if self.spec.profile.dtype == "float32" else "the CPU's fastest"
         return f"openvino {precision}"
 
-    # The engine thread ---------------------------------------------------------------------
+    # Talking to the pipeline's process ------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
+    def _send(self, message: tuple) -> bool:
+        """Whether `message` reached the pipe (False once the process is gone)."""
+        assert self._conn is not None
+        try:
             with self._lock:
-                while not self._stopping and not self._pending and not self._active:
-                    self._lock.wait(timeout=1.0)
-                if self._stopping:
-                    for seq in self._active:
-                        seq.handle.cancel()
-                    return
-                new, self._pending = self._pending, []
-                cancelled, self._cancelled = self._cancelled, set()
+                self._conn.send(message)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _read(self) -> None:
+        """The reader thread: turns each step's token ids into events (it blocks in
+        `recv`, holding no GIL, while the pipeline steps)."""
+        assert self._conn is not None
+        while True:
             try:
-                self._admit([r for r in new if r.job not in cancelled], cancelled)
-                if self._active:
-                    self._pipe.step()
-                    self._max_batch = max(self._max_batch, len(self._active))
-                    self._collect()
-            except Exception as exc:
-                log.exception("OpenVINO generation step failed")
-                events = [TokenEvent(s.req.job, s.req.choice, error=str(exc)) for s in self._active]
-                for seq in self._active:
-                    seq.handle.cancel()
-                self._active = []
-                self._on_events(events)
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                if not self._stopping:
+                    log.error("the OpenVINO process of %s exited", self.spec.id)
+                    self._fail(list(self._active.values()), "the OpenVINO process exited")
+                return
+            if message[0] == "step":
+                self._max_batch = max(self._max_batch, message[2])
+                self._collect(message[1])
+            elif message[0] == "refused":
+                log.error("OpenVINO refused a request: %s", message[2])
+                seq = self._active.get(message[1])
+                if seq is not None:
+                    self._fail([seq], message[2])
+            else:  # a step failed: the process dropped every sequence
+                log.error("OpenVINO generation step failed: %s", message[1])
+                self._fail(list(self._active.values()), message[1])
 
-    def _admit(self, requests: list[SequenceRequest], cancelled: set[str]) -> None:
-        for seq in [s for s in self._active if s.req.job in cancelled]:
-            seq.handle.cancel()  # leaves the batch and frees its KV blocks next step
-        self._active = [s for s in self._active if s.req.job not in cancelled]
-        refused: list[TokenEvent] = []
-        for req in requests:
-            try:
-                ids = self._og_tensor(req.prompt_ids)
-                handle = self._pipe.add_request(_request_id(req), ids, self._config(req))
-            except Exception as exc:  # one request the engine refuses fails alone
-                log.exception("OpenVINO refused request %s", req.job)
-                refused.append(TokenEvent(req.job, req.choice, error=str(exc)))
-                continue
-            tracker = TextTracker(self._decode, list(req.sampling.stop))
-            self._active.append(_Sequence(req, handle, tracker))
-        if refused:
-            self._on_events(refused)
+    def _fail(self, seqs: list[_Sequence], error: str) -> None:
+        with self._lock:
+            for seq in seqs:
+                self._active.pop(seq.rid, None)
+        self._on_events([TokenEvent(s.req.job, s.req.choice, error=error) for s in seqs])
 
-    def _og_tensor(self, ids: list[int]):
-        import numpy as np
-        import openvino as ov
-
-        return ov.Tensor(np.asarray([ids], dtype=np.int64))
-
-    def _config(self, req: SequenceRequest):
-        og, s = self._og, req.sampling
-        config = og.GenerationConfig()
-        config.max_new_tokens = req.max_new
-        config.ignore_eos = False
-        if s.temperature > 0:
-            config.do_sample = True
-            config.temperature = s.temperature
-            # OpenVINO holds top_p as a float32, in which a top_p below ~1e-38 is 0 and
-            # refused; every top_p that small keeps only the likeliest token, so the floor
-            # changes no answer.
-            config.top_p = max(s.top_p, _SMALLEST_TOP_P)
-            config.rng_seed = (s.seed + req.choice) % 2**63
-        config.presence_penalty = s.presence_penalty
-        config.frequency_penalty = s.frequency_penalty
-        if s.logprobs:
-            config.logprobs = 1
-        if s.json_schema:
-            config.structured_output_config = og.StructuredOutputConfig(json_schema=s.json_schema)
-        return config
-
-    def _collect(self) -> None:
+    def _collect(self, results: list[tuple[int, list[int], list[float], str]]) -> None:
         events: list[TokenEvent] = []
-        done = []
-        for seq in self._active:
-            status = seq.handle.get_status()
-            if seq.handle.can_read():
-                for output in seq.handle.read().values():
-                    logprobs = list(output.generated_log_probs or [])
-                    for k, token in enumerate(output.generated_ids):
-                        if seq.finished:
-                            break
-                        logprob = logprobs[k] if k < len(logprobs) else None
-                        events.append(self._advance(seq, token, logprob))
-            if not seq.finished and status != self._og.GenerationStatus.RUNNING:
-                if status == self._og.GenerationStatus.IGNORED:
-                    events.append(
-                        TokenEvent(seq.req.job, seq.req.choice, error="the pipeline ignored it")
-                    )
-                else:
-                    events.append(
-                        self._finish(seq, "length" if seq.generated >= seq.req.max_new else "stop")
-                    )
+        for rid, tokens, logprobs, state in results:
+            seq = self._active.get(rid)
+            if seq is None:  # cancelled meanwhile
+                continue
+            for k, token in enumerate(tokens):
+                if seq.finished:
+                    break
+                events.append(self._advance(seq, token, logprobs[k] if k < len(logprobs) else None))
+            if not seq.finished and state == "ignored":
+                seq.finished = True
+                events.append(
+                    TokenEvent(seq.req.job, seq.req.choice, error="the pipeline ignored it")
+                )
+            elif not seq.finished and state == "done":
+                reason = "length" if seq.generated >= seq.req.max_new else "stop"
+                events.append(self._finish(seq, reason))
             if seq.finished:
-                done.append(seq)
-        if done:
-            self._active = [s for s in self._active if not s.finished]
+                with self._lock:
+                    self._active.pop(rid, None)
+                if state == "running":  # a stop string: the rest is not wanted
+                    self._send(("cancel", rid))
         if events:
             self._on_events(events)
 
@@ -344,7 +340,6 @@ class OpenVINORuntime(GenerationRuntime):
         if seq.tracker.stopped:
             event.finish = "stop"
             seq.finished = True
-            seq.handle.cancel()  # a stop string: the rest is not wanted
         elif seq.generated >= req.max_new:
             event.text += seq.tracker.finish()
             event.finish = "length"
@@ -358,6 +353,28 @@ class OpenVINORuntime(GenerationRuntime):
 
     def _decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _fields(req: SequenceRequest) -> dict[str, object]:
+    """The request's GenerationConfig, as fields the pipeline's process sets."""
+    s = req.sampling
+    fields: dict[str, object] = {"max_new_tokens": req.max_new, "ignore_eos": False}
+    if s.temperature > 0:
+        # OpenVINO holds top_p as a float32, in which a top_p below ~1e-38 is 0 and
+        # refused; every top_p that small keeps only the likeliest token, so the floor
+        # changes no answer.
+        fields |= {
+            "do_sample": True,
+            "temperature": s.temperature,
+            "top_p": max(s.top_p, _SMALLEST_TOP_P),
+            "rng_seed": (s.seed + req.choice) % 2**63,
+        }
+    fields |= {"presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty}
+    if s.logprobs:
+        fields["logprobs"] = 1
+    if s.json_schema:
+        fields["json_schema"] = s.json_schema
+    return fields
 
 
 def _needs_torch(req: SequenceRequest) -> bool:
