@@ -114,12 +114,15 @@ def _record(pids: dict[str, int], seconds: float, out: Path) -> list[subprocess.
     ]
 
 
-async def _drive(load_: Load, fraction: float, seconds: float, pids: dict[str, int], out: Path):
+async def _drive(
+    load_: Load, fraction: float, seconds: float, pids: dict[str, int], out: Path,
+    rate: float | None = None,
+):  # fmt: skip
     async with load_.client() as client:
         await load_.probe(client, 3.0, 8)  # warm up
         capacity = await load_.probe(client, 5.0, 16)
         recorders = _record(pids, seconds, out)
-        step = await load_.step(client, fraction * capacity, seconds)
+        step = await load_.step(client, rate or fraction * capacity, seconds)
     for recorder in recorders:
         recorder.wait(seconds + 30)
     return capacity, step
@@ -132,6 +135,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="embed-short")
     parser.add_argument("--load", type=float, default=0.9, help="share of probed capacity")
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--rate", type=float, help="requests/s, instead of a share of capacity")
+    parser.add_argument("--tree", help="profile Shoal from this other checkout (before/after)")
     parser.add_argument("--profile", type=_profile_arg, default={})
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
@@ -139,9 +144,12 @@ def main(argv: list[str]) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) / f"profile-{workload.name}-{stamp}"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with shoal_stack(args.profile, workload) as stack:
+    tree = Path(args.tree) if args.tree else None
+    with shoal_stack(args.profile, workload, tree) as stack:
         load_ = workload_load(stack.base, workload)
-        capacity, step = asyncio.run(_drive(load_, args.load, args.seconds, stack.pids, out))
+        capacity, step = asyncio.run(
+            _drive(load_, args.load, args.seconds, stack.pids, out, args.rate)
+        )
     info = machine()
     lines = [
         f"# Profile: {args.workload}",
