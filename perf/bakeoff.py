@@ -45,8 +45,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import machine  # noqa: E402
-from perf.generation_throughput import prompts  # noqa: E402
-from perf.stack import local_stack  # noqa: E402
+from perf.generation_throughput import (  # noqa: E402
+    chat_stream_body,
+    has_text,
+    prompts,
+    stream_chunk,
+)
+from perf.stack import local_stack, peer_server  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
@@ -91,14 +96,7 @@ async def _http_round(url: str, model: str, chats: list, c: int, max_tokens: int
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         nonlocal tokens
-        body = {
-            "model": model,
-            "messages": chats[i],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        body = chat_stream_body(chats[i], max_tokens, model)
         started = time.perf_counter()
         first = None
         usage = None
@@ -117,13 +115,12 @@ async def _http_round(url: str, model: str, chats: list, c: int, max_tokens: int
                 errors.append(f"HTTP {response.status_code}")
                 return
             async for line in response.aiter_lines():
-                if not line.startswith("data: {"):
+                chunk = stream_chunk(line)
+                if chunk is None:
                     continue
-                chunk = json.loads(line[6:])
                 usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    if first is None and (choice.get("delta") or {}).get("content"):
-                        first = time.perf_counter() - started
+                if first is None and has_text(chunk):
+                    first = time.perf_counter() - started
         finally:
             await response.aclose()
         latencies.append(time.perf_counter() - started)
@@ -162,8 +159,6 @@ def _shoal(engine: str) -> Iterator[str]:
 @contextlib.contextmanager
 def llama_server(slots: int, threads: int) -> Iterator[str]:
     """llama.cpp's server on the packaged GGUF (the same Q4_1 weights Shoal dequantizes)."""
-    import httpx
-
     from shoal.model_registry import ModelRegistry
     from shoal.model_registry.sources import gguf_file
 
@@ -178,28 +173,7 @@ def llama_server(slots: int, threads: int) -> Iterator[str]:
         "-np", str(slots), "--cont-batching", "-t", str(threads), "-c", str(slots * 1024),
         "--no-webui",
     ]  # fmt: skip
-    log = open(ROOT / "perf" / "results" / f"llama-server-np{slots}.tmp", "wb")  # noqa: SIM115
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):  # 120 s at most
-            if process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("llama-server was not healthy within 120 s")
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    yield from peer_server(command, port, {}, 120, f"llama-server -np {slots}")
 
 
 # In-process targets -----------------------------------------------------------------------
@@ -423,6 +397,7 @@ def main(argv: list[str]) -> None:
         "results": run(args),
     }
     stem = Path(args.out) / f"bakeoff-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     stem.with_suffix(".md").write_text(_markdown(report))
     print(_markdown(report))

@@ -30,7 +30,12 @@ sys.path.insert(0, str(ROOT))
 
 from perf.bakeoff import openvino_rounds  # noqa: E402
 from perf.embed_throughput import machine  # noqa: E402
-from perf.generation_throughput import prompts  # noqa: E402
+from perf.generation_throughput import (  # noqa: E402
+    chat_stream_body,
+    has_text,
+    prompts,
+    stream_chunk,
+)
 from perf.stack import local_stack  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
@@ -38,17 +43,12 @@ from tests.helpers import GEN_MODEL  # noqa: E402
 def _ttft(base: str, messages: list[dict], max_tokens: int) -> float:
     import httpx
 
-    body = {
-        "model": GEN_MODEL,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = chat_stream_body(messages, max_tokens)
     started = time.perf_counter()
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
-            if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+            chunk = stream_chunk(line)
+            if chunk is not None and has_text(chunk):
                 return time.perf_counter() - started
     return float("nan")
 
@@ -140,6 +140,7 @@ def main(argv: list[str]) -> None:
         else None,
     }
     stem = Path(args.out) / f"chat-batch-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     m = report["machine"]
     md = (

@@ -103,25 +103,37 @@ async def through_shoal(base: str, batch: list[list[dict]], max_tokens: int) -> 
     return elapsed, sum(r.json()["usage"]["completion_tokens"] for r in responses)
 
 
+def chat_stream_body(messages: list[dict], max_tokens: int, model: str = GEN_MODEL) -> dict:
+    """A greedy streamed chat request, usage in its last chunk: what every TTFT probe sends."""
+    return {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def stream_chunk(line: str) -> dict | None:
+    """One SSE line of a chat stream as its chunk (None for `[DONE]` and blank lines)."""
+    return json.loads(line[6:]) if line.startswith("data: {") else None
+
+
+def has_text(chunk: dict) -> bool:
+    """Whether a chunk carries generated text: the first such chunk's arrival is the TTFT."""
+    return any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or [])
+
+
 async def ttft(base: str, batch: list[list[dict]], max_tokens: int) -> float:
     async def one(client: httpx.AsyncClient, messages: list[dict]) -> float:
         started = time.perf_counter()
-        body = {
-            "model": GEN_MODEL,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-        }
+        body = chat_stream_body(messages, max_tokens)
         first = None
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
             async for line in r.aiter_lines():
-                if (
-                    first is None
-                    and line.startswith("data: {")
-                    and '"content":"' in line
-                    and '"content":""' not in line
-                ):
+                chunk = stream_chunk(line)
+                if first is None and chunk is not None and has_text(chunk):
                     first = time.perf_counter() - started
         return first or float("nan")
 

@@ -59,11 +59,11 @@ sys.path.insert(0, str(ROOT))
 
 from perf.bakeoff import llama_server  # noqa: E402
 from perf.embed_throughput import load_model, machine  # noqa: E402
-from perf.stack import local_stack  # noqa: E402
+from perf.stack import local_stack, peer_server  # noqa: E402
 from perf.workloads import WORKLOADS, Workload, reranker_dir, task_models_spec  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
 from shoal.tune.knee import Load, Step, describe, find_knee  # noqa: E402
-from tests.helpers import GEN_MODEL, MODEL, wait_until  # noqa: E402
+from tests.helpers import GEN_MODEL, MODEL  # noqa: E402
 
 FRACTIONS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
 """Offered load per step, as a share of the probed capacity."""
@@ -167,14 +167,14 @@ def llamacpp_server(workload: Workload) -> Iterator[str]:
         # concurrent load most answers would end at once, empty, with HTTP 200.
         "--interrupt_requests", "False",
     ]  # fmt: skip
-    yield from _peer(command, port, {}, 300, "llama-cpp-python", health="/v1/models")
+    yield from peer_server(command, port, {}, 300, "llama-cpp-python", health="/v1/models")
 
 
 @contextlib.contextmanager
 def naive_server() -> Iterator[str]:
     port = free_port()
     script = str(ROOT / "perf" / "peers" / "naive_server.py")
-    yield from _peer([sys.executable, script, "--port", str(port)], port, {}, 120, "naive")
+    yield from peer_server([sys.executable, script, "--port", str(port)], port, {}, 120, "naive")
 
 
 @contextlib.contextmanager
@@ -216,38 +216,7 @@ def infinity_server(engine: str, workload: Workload, dtype: str = "auto") -> Ite
         *extra_args,
     ]  # fmt: skip
     extra = {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    yield from _peer(command, port, extra, 300, f"infinity ({engine})", cwd)
-
-
-def _peer(
-    command: list[str],
-    port: int,
-    env: dict,
-    timeout: float,
-    what: str,
-    cwd: Path | None = None,
-    health: str = "/health",
-) -> Iterator[str]:
-    """Run a peer server on loopback `port` until the caller is done; its log (tail) is
-    the error when it does not come up healthy within `timeout` seconds."""
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
-            cwd=cwd,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_until(lambda: _healthy(base + health), timeout, None, what)
-            yield base
-        except TimeoutError:
-            log.seek(0)
-            raise RuntimeError(log.read().decode(errors="replace")[-3000:]) from None
-        finally:
-            process.terminate()
-            process.wait(30)
+    yield from peer_server(command, port, extra, 300, f"infinity ({engine})", cwd)
 
 
 def _with_onnx(model: Path, venv: Path) -> Path:
@@ -270,13 +239,6 @@ def _with_onnx(model: Path, venv: Path) -> Path:
             )
             shutil.copy(Path(out) / "model.onnx", copy / "model.onnx")
     return copy
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def write_results(

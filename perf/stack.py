@@ -1,16 +1,21 @@
-"""Shoal as real processes for a benchmark: nats-server, one encoder worker, the gateway."""
+"""Servers for a benchmark: Shoal as real processes (nats-server, one worker, the gateway),
+or a peer server run until the benchmark is done."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from shoal.queue.embedded import EmbeddedNats
-from tests.helpers import MODEL, start_gateway, start_worker, wait_ready
+from tests.helpers import MODEL, start_gateway, start_worker, wait_ready, wait_until
 
 
 @dataclass
@@ -80,3 +85,41 @@ def _user_spec(directory: Path, model: str, profile: Mapping[str, Any], spec: Pa
     path = directory / "models.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def peer_server(
+    command: list[str],
+    port: int,
+    env: dict,
+    timeout: float,
+    what: str,
+    cwd: Path | None = None,
+    health: str = "/health",
+) -> Iterator[str]:
+    """Run a peer server on loopback `port` until the caller is done; its log (tail) is
+    the error when it does not come up healthy within `timeout` seconds."""
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
+            cwd=cwd,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(lambda: _healthy(base + health), timeout, None, what)
+            yield base
+        except TimeoutError:
+            log.seek(0)
+            raise RuntimeError(log.read().decode(errors="replace")[-3000:]) from None
+        finally:
+            process.terminate()
+            process.wait(30)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
