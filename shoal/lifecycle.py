@@ -137,15 +137,22 @@ class Stopped(Exception):
     """A stop signal came while this was waiting."""
 
 
-async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event) -> T:
-    """`awaitable`'s result, or, once `stop` is set first, `Stopped` (the awaitable is
-    cancelled)."""
-    task = asyncio.ensure_future(awaitable)
+async def _done_or_stopped(task: asyncio.Future, stop: asyncio.Event) -> None:
+    """Wait until `task` is done or `stop` is set, whichever comes first."""
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
+
+
+async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event) -> T:
+    """`awaitable`'s result, or, once `stop` is set first, `Stopped` (the awaitable is
+    cancelled)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await _done_or_stopped(task, stop)
+    finally:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -204,11 +211,7 @@ async def run_until_stopped(
     then it is cancelled.
     """
     task = asyncio.ensure_future(main)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
+    await _done_or_stopped(task, stop)
     if not task.done():
         if serving():
             await asyncio.wait({task}, timeout=drain + 1.0)
