@@ -14,7 +14,8 @@ in separate processes, one after another, in one run on one machine.
 
 Targets: `shoal` (nats-server, one worker for the workload's model and the gateway
 started here, or `--url` of a running gateway; `--profile` overrides the model's batching
-profile), `shoal-bf16` (the same in bf16: CPU autocast where the CPU has native bf16),
+profile; encoders on a CPU run in OpenVINO float32 as shipped), `shoal-bf16` (bf16 in
+torch: CPU autocast where the CPU has native bf16),
 `shoal-openvino` (bf16 in the OpenVINO engine: its graph compiled for the CPU),
 `shoal-tree` (`shoal` run from the checkout `--tree`: before and after a change),
 `naive` (perf/peers/naive_server.py: FastAPI calling `encode` per request; needs the
@@ -24,8 +25,9 @@ torch engine or ONNX Runtime through optimum; optimum on embed only; `infinity-t
 is its torch engine with `--dtype bfloat16`), `llamacpp`
 (llama-cpp-python's server on the same GGUF, built by perf/peers/llamacpp_venv.sh; chat),
 `llamacpp-np<N>` (llama.cpp's own server, `-np N --cont-batching`, built by
-perf/peers/llamacpp_server_venv.sh; chat), `shoal-torch` (Shoal's transformers engine for
-generation, `engine = "torch"`),
+perf/peers/llamacpp_server_venv.sh; chat), `shoal-torch` (`engine = "torch"`: torch
+for encoders, where `shoal` serves OpenVINO on a CPU; Shoal's transformers engine for
+generation),
 `inprocess` (the library call at its best batch size, without a server: the limit).
 Workloads (perf/workloads.py, from the seeded sets in perf/data): `embed-short`,
 `embed-long`, `embed-mixed`, `rerank`, `chat`. Embed targets' vectors are checked against
@@ -375,7 +377,7 @@ def main(argv: list[str]) -> None:
     servers = {
         "shoal": lambda: shoal_server(args.url, args.profile, workload),
         "shoal-bf16": lambda: shoal_server(
-            args.url, {**args.profile, "dtype": "bfloat16"}, workload
+            args.url, {**args.profile, "dtype": "bfloat16", "engine": "torch"}, workload
         ),
         "shoal-tree": lambda: shoal_server(None, args.profile, workload, Path(args.tree)),
         "shoal-openvino": lambda: shoal_server(

@@ -101,6 +101,7 @@ class StatusBoard:
         self, workers: list[WorkerHeartbeat], requests: dict[str, int]
     ) -> list[dict[str, Any]]:
         models = []
+        engines = self.gateway.dispatcher.engines()
         for spec in self.gateway.registry:
             served_by = [
                 b.worker_id
@@ -112,6 +113,9 @@ class StatusBoard:
                 {
                     "id": spec.id,
                     "tasks": sorted(spec.tasks),
+                    # What runs it and in which precision, as its workers say (`openvino
+                    # float32`); empty until a worker has it resident.
+                    "engine": engines.get(spec.id, ""),
                     "resident_on": [b.worker_id for b in workers if spec.id in b.resident],
                     "served_by": served_by,
                     "requests": requests.get(spec.id, 0),
@@ -127,6 +131,7 @@ def _worker(beat: WorkerHeartbeat, now: float) -> dict[str, Any]:
         "models": beat.models,
         "resident": beat.resident,
         "resident_bytes": beat.resident_bytes,
+        "engines": beat.engines,
         "memory_budget": beat.memory_budget,
         "batch_fill": beat.batch_fill if beat.batches_per_s else None,
         "batches_per_s": beat.batches_per_s,

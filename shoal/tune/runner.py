@@ -340,8 +340,11 @@ async def tune(
 
         device = pick_device(settings.worker.device)
         dtypes = (spec.profile.dtype,) if keep_dtype else _fast_dtypes(device)
-        current = "torch" if spec.profile.engine == "auto" else spec.profile.engine
-        engines = tuple(dict.fromkeys((current, *_engines(device))))
+        installed = _engines(device)
+        # `auto` serves the last installed engine (OpenVINO on a CPU) unless its guard
+        # fails at load; the search starts from what is served.
+        current = installed[-1] if spec.profile.engine == "auto" else spec.profile.engine
+        engines = tuple(dict.fromkeys((current, *installed)))
         dtypes, engines, quality = _guarded(settings, spec, sample[:128], dtypes, engines)
         if spec.profile.dtype not in dtypes:
             dtypes = (*dtypes, spec.profile.dtype)

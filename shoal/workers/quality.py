@@ -16,11 +16,9 @@ import numpy as np
 from ..model_registry import ModelSpec
 from ..queue.messages import EmbedJob
 from .adapters import EncoderAdapter, make_adapter
+from .adapters._guard import QUALITY_FLOOR, row_cosines
 
 __all__ = ["QUALITY_FLOOR", "cosine_to", "cosine_vs_float32", "embed", "float32_vectors"]
-
-QUALITY_FLOOR = 0.99
-"""Least cosine similarity to float32 a faster precision must keep on every text."""
 
 
 def embed(adapter: EncoderAdapter, texts: Sequence[str], batch: int = 64) -> np.ndarray:
@@ -60,8 +58,7 @@ def cosine_to(
     `float32_vectors`)."""
     fast = make_adapter(spec, device)
     fast.load(path)
-    a, b = reference, embed(fast, texts)
-    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    cos = row_cosines(reference, embed(fast, texts))
     return float(cos.min()), float(cos.mean())
 
 

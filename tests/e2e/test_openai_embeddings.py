@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 
 import numpy as np
 import openai
@@ -128,3 +129,41 @@ def test_models_list_and_retrieve(client, model_name) -> None:
     assert model.owned_by
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+
+
+def test_each_encoder_reports_the_engine_the_default_chose(stack: str) -> None:
+    """The shipped `engine = "auto"` on this CPU: OpenVINO float32 for every model with a
+    compiled graph (its load-time check against float32 torch passed), torch for the
+    multi-vector model (token vectors stay in torch); the same in `/v1/models` and on the
+    status page."""
+    import httpx
+
+    want = {
+        "all-MiniLM-L6-v2": "openvino float32",
+        "test-ner": "openvino float32",
+        "test-reranker": "openvino float32",
+        "test-classifier": "openvino float32",
+        "test-colbert": "torch float32",
+    }
+    with httpx.Client(base_url=stack, timeout=60) as http:
+        # Only MiniLM is pinned: the others load on their first request.
+        for route, model in [
+            ("ner", "test-ner"),
+            ("classify", "test-classifier"),
+            ("multivector", "test-colbert"),
+        ]:
+            assert http.post(f"/v1/{route}", json={"model": model, "input": TEXTS}).is_success
+        ranked = http.post(
+            "/v1/rerank", json={"model": "test-reranker", "query": "q", "documents": TEXTS}
+        )
+        assert ranked.is_success
+
+        def engines() -> tuple[dict, dict]:
+            models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+            page = {m["id"]: m for m in http.get("/status.json").json()["models"]}
+            return {m: models[m]["engine"] for m in want}, {m: page[m]["engine"] for m in want}
+
+        deadline = time.monotonic() + 15  # engines travel in the workers' 1 s heartbeats
+        while engines() != (want, want) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert engines() == (want, want)

@@ -1,8 +1,9 @@
 """The OpenVINO engine: a torch model's forward graph, compiled for the CPU.
 
-A profile with `engine = "openvino"` keeps the adapter's torch model (LoRA adapters and the
-ops without a graph still run there) and converts its main forward once, at load, into an
-OpenVINO model with dynamic batch and length. OpenVINO fuses the graph for the CPU and, with
+The shipped profile (`engine = "auto"`, where this passes its load-time check against
+float32 torch) and `engine = "openvino"` keep the adapter's torch model (LoRA adapters and
+the ops without a graph still run there) and convert its main forward once, at load, into
+an OpenVINO model with dynamic batch and length. OpenVINO fuses the graph for the CPU and, with
 `dtype = "bfloat16"` where the CPU has native bf16, runs it in bf16 (AMX or AVX512-BF16):
 on MiniLM it measured 1.3x torch's bf16 autocast at the same cosine to float32 (0.9999+,
 perf/results/README.md).

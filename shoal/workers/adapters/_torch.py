@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .base import EncoderAdapter
+from ._guard import EXACT_FLOOR, PROBE_TEXTS, QUALITY_FLOOR, worst_cosine
+from .base import EncoderAdapter, pad_batch
 
 if TYPE_CHECKING:
     from ._openvino import OpenVinoGraph
@@ -113,26 +114,70 @@ class TorchAdapter(EncoderAdapter):
 
     def _compile_graph(self, graph: torch.nn.Module, example: Mapping[str, np.ndarray]) -> None:
         """Hand `graph` (the adapter's main forward, taking `example`'s inputs by name) to
-        the profile's engine; called by `load`. The torch engine needs nothing."""
+        the profile's engine; called by `load`, after the tokenizer is set.
+
+        `auto` picks OpenVINO on a CPU where it is installed and its outputs on the probe
+        texts keep the floor against float32 torch (`EXACT_FLOOR` at float32, the quality
+        floor in bf16, which only a profile asks for); else torch. A GPU runs torch."""
         self._engine = None
-        if self.spec.profile.engine != "openvino":  # "auto" is torch for encoders (for now)
+        wanted = self.spec.profile.engine
+        if wanted == "torch":
             return
         if self.device != "cpu":
-            log.warning(
-                "model %s: the openvino engine is for CPUs; serving with torch on %s",
-                self.spec.id,
-                self.device,
-            )
+            if wanted == "openvino":
+                log.warning(
+                    "model %s: the openvino engine is for CPUs; serving with torch on %s",
+                    self.spec.id,
+                    self.device,
+                )
             return
         from . import _openvino
 
         if not _openvino.available():
-            raise RuntimeError(
-                f"model {self.spec.id!r}: engine 'openvino' needs the openvino package "
-                "(pip install 'shoal[encoder]')"
-            )
+            if wanted == "openvino":
+                raise RuntimeError(
+                    f"model {self.spec.id!r}: engine 'openvino' needs the openvino package "
+                    "(pip install 'shoal[encoder]')"
+                )
+            log.info("model %s: engine auto: torch (openvino is not installed)", self.spec.id)
+            return
         bf16 = self.spec.profile.dtype == "bfloat16" and runs_natively("bfloat16", "cpu")
-        self._engine = _openvino.OpenVinoGraph(graph, example, bf16=bf16)
+        compiled = _openvino.OpenVinoGraph(graph, example, bf16=bf16)
+        if wanted == "auto":
+            worst = self._probe_agreement(graph, compiled, list(example))
+            floor = QUALITY_FLOOR if bf16 else EXACT_FLOOR
+            choice = "openvino" if worst >= floor else "torch"
+            (log.info if choice == "openvino" else log.warning)(
+                "model %s: engine auto: %s (openvino %s kept a worst cosine of %.7f to "
+                "float32 torch on the probe texts; floor %s)",
+                self.spec.id,
+                choice,
+                compiled.precision,
+                worst,
+                floor,
+            )
+            if choice == "torch":
+                return
+        self._engine = compiled
+
+    def _probe_agreement(
+        self, graph: torch.nn.Module, compiled: OpenVinoGraph, names: list[str]
+    ) -> float:
+        """Worst cosine between `compiled` and float32 torch on `PROBE_TEXTS`: once as one
+        padded batch, once the first text alone (no padding)."""
+        tokenizer = self.tokenizer  # type: ignore[attr-defined] - every torch adapter has one
+        rows = tokenizer.texts(list(PROBE_TEXTS))
+        worst = 1.0
+        threads = torch.get_num_threads()
+        for batch in (rows, rows[:1]):
+            ids, mask, types = pad_batch(batch, tokenizer.pad_id, tokenizer.pad_left)
+            every = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            inputs = {name: every[name] for name in names}
+            with torch.inference_mode():
+                tensors = {name: torch.from_numpy(a) for name, a in inputs.items()}
+                exact = graph(**tensors).float().numpy()
+            worst = min(worst, worst_cosine(exact, compiled(inputs, threads)))
+        return worst
 
     def _run(self, graph: torch.nn.Module, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """`graph(**inputs)` as float32 numpy: in the compiled engine when the profile has

@@ -4,8 +4,9 @@ sentence-transformers loads the model and its module graph (transformer, pooling
 normalize) from the model's own config, so every model it supports pools as its authors
 meant. Shoal does the rest: it tokenizes with the fast tokenizer directly (in a thread,
 overlapping the forward pass), pads each length-sorted batch to its own longest row, and
-calls the module graph under `torch.inference_mode`, or, for `embed` with the profile's
-`engine = "openvino"`, the same graph compiled by OpenVINO (see `_openvino`).
+calls the module graph under `torch.inference_mode`, or, for `embed` on a CPU (the
+default `auto` engine where its check passes, or `engine = "openvino"`), the same graph
+compiled by OpenVINO (see `_openvino`).
 
 `multivector` returns the transformer's token vectors (before pooling), through an
 optional ColBERT-style linear projection stored in the model directory.

@@ -1,6 +1,7 @@
 """The OpenVINO engine on the real MiniLM and MiniLM task heads (rerank, NER): the same answers as
 torch within the quality floor, LoRA adapters still in torch, a compiled copy per thread
-count, and a clear error where the package is missing."""
+count, and a clear error where the package is missing. The shipped `auto` engine picks it
+on a CPU only when its outputs keep the exact floor against float32 torch."""
 
 from __future__ import annotations
 
@@ -27,6 +28,54 @@ SPEC = MINILM_SPEC
 def _on(spec: ModelSpec, engine: str, dtype: str = "float32") -> ModelSpec:
     profile = msgspec.structs.replace(spec.profile, engine=engine, dtype=dtype)
     return msgspec.structs.replace(spec, profile=profile)
+
+
+def test_auto_serves_openvino_float32_on_a_cpu_and_says_why(
+    minilm_path: str, st_model, caplog
+) -> None:
+    assert SPEC.profile.engine == "auto" and SPEC.profile.dtype == "float32"  # as shipped
+    caplog.set_level(logging.INFO)
+    adapter = make_adapter(SPEC, "cpu")
+    adapter.load(minilm_path)
+    assert adapter.engine() == "openvino float32"
+    assert f"model {SPEC.id}: engine auto: openvino" in caplog.text
+    texts = load("short")[:40] + load("passages")[:8]
+    theirs = st_model.encode(texts, batch_size=16, normalize_embeddings=True)
+    np.testing.assert_allclose(embed(adapter, texts, batch=16), theirs, atol=1e-5)
+
+
+def test_auto_keeps_torch_when_the_engine_drifts(minilm_path: str, monkeypatch, caplog) -> None:
+    # No engine installed here drifts from float32; one that does is simulated by adding
+    # noise to the real compiled graph's outputs.
+    real = _openvino.OpenVinoGraph.__call__
+    noise = np.random.default_rng(0)
+
+    def drifting(self, inputs, threads):
+        out = real(self, inputs, threads)
+        return out + 0.01 * noise.standard_normal(out.shape).astype(np.float32)
+
+    monkeypatch.setattr(_openvino.OpenVinoGraph, "__call__", drifting)
+    caplog.set_level(logging.INFO)
+    adapter = make_adapter(SPEC, "cpu")
+    adapter.load(minilm_path)
+    assert adapter._engine is None and adapter.engine() == "torch float32"
+    assert f"model {SPEC.id}: engine auto: torch (openvino f32 kept a worst cosine" in caplog.text
+
+
+def test_auto_serves_torch_where_openvino_is_missing(minilm_path: str, monkeypatch, caplog):
+    # openvino is installed here; its absence (a slim image) is simulated.
+    monkeypatch.setattr(_openvino, "available", lambda: False)
+    caplog.set_level(logging.INFO)
+    adapter = make_adapter(SPEC, "cpu")
+    adapter.load(minilm_path)
+    assert adapter.engine() == "torch float32"
+    assert "engine auto: torch (openvino is not installed)" in caplog.text
+
+
+def test_engine_torch_forces_torch(minilm_path: str) -> None:
+    adapter = make_adapter(_on(SPEC, "torch"), "cpu")
+    adapter.load(minilm_path)
+    assert adapter._engine is None and adapter.engine() == "torch float32"
 
 
 def test_float32_openvino_matches_sentence_transformers(minilm_path: str, st_model) -> None:
@@ -70,7 +119,7 @@ def test_a_compiled_copy_per_thread_count_with_the_same_answers(minilm_path: str
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-5)
     np.testing.assert_allclose(outputs[0], outputs[2], atol=0)
     # The compiled copies count in the model's memory (residency decisions use it).
-    torch_only = make_adapter(SPEC, "cpu")
+    torch_only = make_adapter(_on(SPEC, "torch"), "cpu")
     torch_only.load(minilm_path)
     assert adapter.memory_bytes() >= 3 * torch_only.memory_bytes()
 
@@ -80,7 +129,7 @@ def test_lora_requests_run_in_torch_and_the_base_in_openvino(
 ) -> None:
     lora = build_lora_adapter(tmp_path / "lora", seed=4)
     texts = load("short")[:8]
-    exact = make_adapter(SPEC, "cpu")
+    exact = make_adapter(_on(SPEC, "torch"), "cpu")
     exact.load(minilm_path)
     adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
     adapter.load(minilm_path)
@@ -118,14 +167,16 @@ def task_specs(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
 
 
 @pytest.mark.parametrize(("model", "op"), [("test-reranker", "rerank"), ("test-ner", "ner")])
-def test_task_heads_answer_the_same_in_openvino(task_specs, model: str, op: str) -> None:
+def test_task_heads_answer_the_same_in_openvino_picked_by_auto(task_specs, model: str, op: str) -> None:
     spec = task_specs.resolve(model)
     adapters = []
-    for engine in ("torch", "openvino"):
+    for engine in ("torch", "auto"):
         adapter = make_adapter(_on(spec, engine), "cpu")
         adapter.load(spec.source)
         adapters.append(adapter)
-    assert adapters[1]._engine is not None
+    # The shipped `auto` picks OpenVINO for the heads too (a reranker's one score per row
+    # is guarded as a column).
+    assert adapters[1].engine() == "openvino float32"
     common = {"request_id": "r", "part": 0, "model": spec.id, "reply_to": "", "deadline": 0}
     texts = load("short")[:12] + load("passages")[:2]  # NER windows the passages
     job = (
