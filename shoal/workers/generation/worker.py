@@ -2,9 +2,10 @@
 
 Delivery is the worker core's (shoal/workers/core/). This kind adds: for each served
 model a runtime (the in-process engine, or a supervised SGLang server), loaded when the
-model is added; room is the runtime's free slots (batch-lane jobs take only slots beyond
-a quarter kept free for live requests, so a running batch job never makes a live one
-wait); each admitted job becomes its `n` sequences, and the runtime's tokens go to the
+model is added; room is the runtime's free slots (batch-lane jobs leave free one slot more
+than the most live sequences run at once in the last `LiveDemand.window` seconds, at most
+a quarter of the slots: a batch job alone takes all but one slot, and live traffic finds
+its slots free as it grows); each admitted job becomes its `n` sequences, and the runtime's tokens go to the
 job's reply subject as `GenerateChunk`s, one per engine step per job, numbered within
 this attempt. A job is ANSWERED when every choice has finished; a prompt that does not
 fit is INVALID, an unusable adapter NOT_FOUND, a runtime failure FAILED (the job is
@@ -65,10 +66,35 @@ class Running(Held):
         self.first_token_at = self.last_token_at = 0.0
 
 
+class LiveDemand:
+    """How many free slots batch work leaves to live requests: one more than the most live
+    sequences running at once in the last `window` seconds, at most `cap` (a quarter of the
+    slots; one at least). A fixed quarter (the earlier rule) held 8 of 32 slots idle under a
+    batch job with one live stream; this keeps the spare that live traffic has shown it
+    needs, and gives the rest back after `window` seconds without it."""
+
+    def __init__(self, cap: int, window: float = 10.0, clock=time.monotonic) -> None:
+        self.cap = max(1, cap)
+        self.window = window
+        self._clock = clock
+        self._peak = 0
+        self._peak_at = -window
+
+    def note(self, live: int) -> None:
+        """`live` sequences run now; called at each admission and each pull."""
+        now = self._clock()
+        if live >= self._peak or now - self._peak_at > self.window:
+            self._peak, self._peak_at = live, now
+
+    def spare(self) -> int:
+        return min(self.cap, self._peak + 1)
+
+
 class _Model:
     def __init__(self, spec: ModelSpec, runtime: GenerationRuntime) -> None:
         self.spec = spec
         self.runtime = runtime
+        self.live = LiveDemand(runtime.max_running // 4)
         self.events: asyncio.Queue[list[TokenEvent]] = asyncio.Queue()
         """Engine steps' tokens, in order, for one task to stream out in order."""
         self.streaming: asyncio.Task | None = None
@@ -213,9 +239,15 @@ class GenerationKind(WorkerKind):
             return 0
         runtime = served.runtime
         free = runtime.max_running - runtime.running
+        served.live.note(self._live_sequences(model))
         if batch_lane:
-            return min(free - max(1, runtime.max_running // 4), 8)
+            return min(free - served.live.spare(), 8)
         return min(free, 16)
+
+    def _live_sequences(self, model: str) -> int:
+        return sum(
+            len(r.open) for r in self._jobs.values() if not r.batch_lane and r.job.model == model
+        )
 
     def hold(self, delivery: Delivery, job: Job, batch_lane: bool) -> Held:
         return Running(delivery, job, batch_lane)
@@ -224,6 +256,8 @@ class GenerationKind(WorkerKind):
         served = self.models[model]
         for running in jobs:
             await self._start(served, running)  # type: ignore[arg-type]
+        if not batch_lane:
+            served.live.note(self._live_sequences(model))
 
     async def _start(self, model: _Model, running: Running) -> None:
         job: GenerateJob = running.job  # type: ignore[assignment]
