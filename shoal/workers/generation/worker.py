@@ -5,8 +5,9 @@ model a runtime (the in-process engine, or a supervised SGLang server), loaded w
 model is added; room is the runtime's free slots (batch-lane jobs leave free one slot more
 than the most live sequences run at once in the last `LiveDemand.window` seconds, at most
 a quarter of the slots: a batch job alone takes all but one slot, and live traffic finds
-its slots free as it grows); each admitted job becomes its `n` sequences, and the runtime's tokens go to the
-job's reply subject as `GenerateChunk`s, one per engine step per job, numbered within
+its slots free as it grows); each admitted job becomes its `n` sequences, and the
+runtime's tokens go to the job's reply subject as `GenerateChunk`s, one per engine step
+per job (a batch-lane job's at most once per `BATCH_FLUSH_S`), numbered within
 this attempt. A job is ANSWERED when every choice has finished; a prompt that does not
 fit is INVALID, an unusable adapter NOT_FOUND, a runtime failure FAILED (the job is
 regenerated elsewhere, under the same seed); a cancel stops its sequences and frees their
@@ -37,6 +38,12 @@ __all__ = ["GenerationKind", "GenerationWorker"]
 
 log = logging.getLogger(__name__)
 
+BATCH_FLUSH_S = 1.0
+"""A batch-lane job's tokens go out together at most this often (and when it finishes):
+nobody watches a batch line's text arrive, and one message per engine step per sequence
+(~360/s at 32 sequences here) costs the gateway and NATS CPU on the cores the engine runs
+on."""
+
 
 class Running(Held):
     """A generation job on this worker: its sequences' progress and its stream's state."""
@@ -45,9 +52,11 @@ class Running(Held):
         "attempt",
         "completion_tokens",
         "first_token_at",
+        "flushed_at",
         "key",
         "last_token_at",
         "open",
+        "pending",
         "prompt_tokens",
         "seq",
     )
@@ -64,6 +73,9 @@ class Running(Held):
         self.open = set(range(job.first_index, job.first_index + n))
         """Choices still generating."""
         self.first_token_at = self.last_token_at = 0.0
+        self.pending: list[ChoiceDelta] = []
+        """A batch-lane job's deltas not yet published (see `BATCH_FLUSH_S`)."""
+        self.flushed_at = time.monotonic()
 
 
 class LiveDemand:
@@ -366,6 +378,12 @@ class GenerationKind(WorkerKind):
                 running.open.discard(e.choice)
         done = not running.open
         self._note_tokens(model, running, sum(e.generated for e in events))
+        if running.batch_lane:
+            running.pending += deltas
+            now = time.monotonic()
+            if not done and now - running.flushed_at < BATCH_FLUSH_S:
+                return
+            deltas, running.pending, running.flushed_at = running.pending, [], now
         await self._publish(running, deltas, done=done)
         if done:
             self._jobs.pop(running.key, None)
