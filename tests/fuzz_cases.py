@@ -51,13 +51,17 @@ MODEL_BY_PATH = {
     "/native/v1/multivector": MODEL,
     "/v1/chat/completions": GEN_MODEL,
     "/v1/completions": GEN_MODEL,
+    "/v1/responses": GEN_MODEL,
     "/v1/ner": "test-ner",
     "/native/v1/ner": "test-ner",
     "/rerank": "test-reranker",
     "/v1/rerank": "test-reranker",
+    "/v2/rerank": "test-reranker",
+    "/score": "test-reranker",
+    "/v1/score": "test-reranker",
     "/v1/classify": "test-classifier",
 }
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 def _packable(value: Any) -> Any:
@@ -254,6 +258,8 @@ ROUTE_BODIES = {
     BATCHES: {"input_file_id": "file-none", "endpoint": EMB, "completion_window": "24h"},
     "/v1/classify": {"model": "test-classifier", "input": "a"},
     "/v1/rerank": {"model": "test-reranker", "query": "a", "documents": ["b"]},
+    "/v2/rerank": {"model": "test-reranker", "query": "a", "documents": ["b"]},
+    "/v1/score": {"model": "test-reranker", "text_1": "a", "text_2": ["b"]},
 }
 JSON_ROUTES = [EMB, CHAT, COMPL, BATCHES]
 NATIVE_MODELS = {"/native/v1/embed": MODEL, "/native/v1/ner": "test-ner"}
@@ -357,6 +363,10 @@ NUMBER_CASES = [
     num(CHAT, 200, top_p=1e-46),
     num("/v1/classify", 400, param="top_k", top_k=BIG),
     num("/v1/rerank", 200, top_n=BIG),  # more than there are documents: all of them
+    num("/v2/rerank", 200, top_n=BIG),
+    num("/v2/rerank", 200, max_tokens_per_doc=BIG),  # past the model's limit: no cut
+    num("/v2/rerank", 400, param="max_tokens_per_doc", max_tokens_per_doc=0),
+    num("/v1/score", 200, truncate_prompt_tokens=BIG),
     num(BATCHES, 400, param="input_file_id", input_file_id=BIG),
     num(BATCHES, 400, metadata={"k": BIG}),
 ]

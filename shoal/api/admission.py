@@ -48,6 +48,7 @@ _PREFIXES = (
     ("/v1/embeddings", "embeddings"),
     ("/v1/chat/", "chat"),
     ("/v1/completions", "completions"),
+    ("/v1/responses", "responses"),
     ("/v1/models", "models"),
     ("/v1/files", "files"),
     ("/v1/batches", "batches"),
@@ -55,12 +56,25 @@ _PREFIXES = (
     ("/v1/ner", "ner"),
     ("/v1/multivector", "multivector"),
     ("/v1/rerank", "rerank"),
+    ("/v2/rerank", "rerank"),
     ("/rerank", "rerank"),
+    ("/v1/score", "rerank"),
+    ("/score", "rerank"),
     ("/v1/classify", "classify"),
     ("/admin/", "admin"),
 )
 _WORK_GROUPS = frozenset(
-    {"embeddings", "chat", "completions", "native", "ner", "multivector", "rerank", "classify"}
+    {
+        "embeddings",
+        "chat",
+        "completions",
+        "responses",
+        "native",
+        "ner",
+        "multivector",
+        "rerank",
+        "classify",
+    }
 )
 """Groups whose requests wait on workers: the ones the in-flight bound counts."""
 

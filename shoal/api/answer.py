@@ -26,7 +26,9 @@ from ..compat.ner import NerRequest
 from ..compat.openai import EmbeddingRequest
 from ..compat.openai.chat import ChatCompletionRequest
 from ..compat.openai.completions import CompletionRequest
-from ..compat.rerank import RerankRequest
+from ..compat.openai.responses import ResponseRequest
+from ..compat.rerank import CohereRerankRequest, RerankRequest
+from ..compat.score import ScoreRequest
 from ..config import GatewaySettings
 from ..model_registry import ModelSpec
 from ..queue import Job
@@ -88,7 +90,7 @@ async def answer(gateway: Gateway, request: TaskRequest) -> Answer:
     return Answer(request.respond(results, target.name), timing)
 
 
-GenerationRequest = ChatCompletionRequest | CompletionRequest
+GenerationRequest = ChatCompletionRequest | CompletionRequest | ResponseRequest
 
 
 def start_generation(gateway: Gateway, request: GenerationRequest) -> Generation:
@@ -112,7 +114,10 @@ async def _sse(events: AsyncIterator[msgspec.Struct]) -> AsyncIterator[bytes]:
     change the status any more: it goes as an OpenAI error event, then the stream ends."""
     try:
         async for event in events:
-            yield b"data: " + _encode_json(event) + b"\n\n"
+            # The Responses API names each event in an `event:` line too.
+            kind = getattr(event, "type", None)
+            named = b"event: " + kind.encode() + b"\n" if isinstance(kind, str) else b""
+            yield named + b"data: " + _encode_json(event) + b"\n\n"
     except ShoalError as exc:
         yield b"data: " + _encode_json(exc.to_response()) + b"\n\n"
     yield b"data: [DONE]\n\n"
@@ -140,8 +145,11 @@ async def _collect(gateway: Gateway, request: GenerationRequest) -> msgspec.Stru
 BATCH_ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": Endpoint(ChatCompletionRequest, "generate", _collect, streams=True),
     "/v1/completions": Endpoint(CompletionRequest, "generate", _collect, streams=True),
+    "/v1/responses": Endpoint(ResponseRequest, "generate", _collect, streams=True),
     "/v1/embeddings": Endpoint(EmbeddingRequest, EmbeddingRequest.op, _answer_body),
     "/v1/rerank": Endpoint(RerankRequest, RerankRequest.op, _answer_body),
+    "/v2/rerank": Endpoint(CohereRerankRequest, CohereRerankRequest.op, _answer_body),
+    "/v1/score": Endpoint(ScoreRequest, ScoreRequest.op, _answer_body),
     "/v1/ner": Endpoint(NerRequest, NerRequest.op, _answer_body),
     "/v1/multivector": Endpoint(MultiVectorRequest, MultiVectorRequest.op, _answer_body),
     "/v1/classify": Endpoint(ClassifyRequest, ClassifyRequest.op, _answer_body),

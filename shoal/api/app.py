@@ -28,6 +28,7 @@ from .routes import (
     BatchesController,
     ChatController,
     ClassifyController,
+    CohereRerankController,
     CompletionsController,
     EmbeddingsController,
     FilesController,
@@ -37,6 +38,8 @@ from .routes import (
     NativeController,
     NerController,
     RerankController,
+    ResponsesController,
+    ScoreController,
     StatusController,
 )
 from .status import StatusBoard
@@ -81,11 +84,14 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
         route_handlers=[
             ChatController,
             CompletionsController,
+            ResponsesController,
             EmbeddingsController,
             ModelsController,
             NerController,
             MultiVectorController,
             RerankController,
+            CohereRerankController,
+            ScoreController,
             ClassifyController,
             NativeController,
             HealthController,

@@ -142,6 +142,9 @@ class RerankJob(_JobCommon, tag="rerank", kw_only=True):
     query: str
     documents: list[str]
     truncate: bool = True
+    doc_tokens: int = 0
+    """Cut each document to this many tokens before pairing it with the query (Cohere
+    v2's `max_tokens_per_doc`); 0: only the model's length limit cuts."""
 
 
 class ChatTurn(_Wire, tag="turn", kw_only=True):

@@ -50,6 +50,7 @@ EXAMPLES = 50  # per operation and generation mode (positive, negative)
 OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
     ("POST", "/v1/embeddings"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),
@@ -57,6 +58,9 @@ OPERATIONS = [
     ("POST", "/v1/multivector"),
     ("POST", "/rerank"),
     ("POST", "/v1/rerank"),
+    ("POST", "/v2/rerank"),
+    ("POST", "/score"),
+    ("POST", "/v1/score"),
     ("POST", "/v1/classify"),
     ("POST", "/native/v1/embed"),
     ("POST", "/native/v1/multivector"),
@@ -188,11 +192,13 @@ def world(stack: str, http: httpx.Client, session_dir: Path):
 def _bound_generation(body: dict) -> None:
     """A valid generation request may ask for thousands of tokens (n up to 128): not a
     crash, just minutes of CPU, so the fuzz keeps each one to a few tokens."""
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if type(body.get(key)) is int and body[key] > 4:
             body[key] = 4
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+    if all(body.get(k) is None for k in ("max_tokens", "max_completion_tokens")):
         body["max_tokens"] = 4
+    if body.get("max_output_tokens") is None:
+        body["max_output_tokens"] = 4  # the Responses API's name (others ignore it)
     if type(body.get("n")) is int and body["n"] > 2:
         body["n"] = 2
 

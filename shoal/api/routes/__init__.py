@@ -2,20 +2,28 @@
 
 from .admin import AdminController
 from .batches import BatchesController
-from .chat import ChatController, CompletionsController
+from .chat import ChatController, CompletionsController, ResponsesController
 from .embeddings import EmbeddingsController
 from .files import FilesController
 from .health import HealthController
 from .models import ModelsController
 from .native import NativeController
 from .status import StatusController
-from .tasks import ClassifyController, MultiVectorController, NerController, RerankController
+from .tasks import (
+    ClassifyController,
+    CohereRerankController,
+    MultiVectorController,
+    NerController,
+    RerankController,
+    ScoreController,
+)
 
 __all__ = [
     "AdminController",
     "BatchesController",
     "ChatController",
     "ClassifyController",
+    "CohereRerankController",
     "CompletionsController",
     "EmbeddingsController",
     "FilesController",
@@ -25,5 +33,7 @@ __all__ = [
     "NativeController",
     "NerController",
     "RerankController",
+    "ResponsesController",
+    "ScoreController",
     "StatusController",
 ]

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions and /v1/completions (OpenAI-compatible), streaming or not."""
+"""POST /v1/chat/completions, /v1/completions and /v1/responses (OpenAI-compatible),
+streaming or not."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from litestar.response import Stream
 
 from ...compat.openai.chat import ChatCompletion, ChatCompletionRequest
 from ...compat.openai.completions import Completion, CompletionRequest
+from ...compat.openai.responses import Response as ResponseObject
+from ...compat.openai.responses import ResponseRequest
 from ..answer import generate
 from ..gateway import GatewayDep
 from ._openapi import WORK_ERRORS
 
-__all__ = ["ChatController", "CompletionsController"]
+__all__ = ["ChatController", "CompletionsController", "ResponsesController"]
 
 
 class ChatController(Controller):
@@ -41,4 +44,19 @@ class CompletionsController(Controller):
     async def create(
         self, data: CompletionRequest, gateway: GatewayDep
     ) -> Response[Completion] | Stream:
+        return await generate(gateway, data)
+
+
+class ResponsesController(Controller):
+    path = "/v1/responses"
+    tags = ["OpenAI"]
+
+    @post(
+        status_code=200,
+        summary="Create a model response (Responses API; SSE when stream is true)",
+        responses=WORK_ERRORS,
+    )
+    async def create(
+        self, data: ResponseRequest, gateway: GatewayDep
+    ) -> Response[ResponseObject] | Stream:
         return await generate(gateway, data)

@@ -7,12 +7,25 @@ from litestar import Controller, Response, post
 from ...compat.classify import ClassifyRequest, ClassifyResponse
 from ...compat.multivector import MultiVectorRequest, MultiVectorResponse
 from ...compat.ner import NerRequest, NerResponse
-from ...compat.rerank import RerankRequest, RerankResponse
+from ...compat.rerank import (
+    CohereRerankRequest,
+    CohereRerankResponse,
+    RerankRequest,
+    RerankResponse,
+)
+from ...compat.score import ScoreRequest, ScoreResponse
 from ..answer import answer
 from ..gateway import GatewayDep
 from ._openapi import WORK_ERRORS
 
-__all__ = ["ClassifyController", "MultiVectorController", "NerController", "RerankController"]
+__all__ = [
+    "ClassifyController",
+    "CohereRerankController",
+    "MultiVectorController",
+    "NerController",
+    "RerankController",
+    "ScoreController",
+]
 
 
 class NerController(Controller):
@@ -52,6 +65,37 @@ class RerankController(Controller):
         responses=WORK_ERRORS,
     )
     async def create(self, data: RerankRequest, gateway: GatewayDep) -> Response[RerankResponse]:
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]
+
+
+class CohereRerankController(Controller):
+    path = "/v2/rerank"
+    tags = ["Encoder tasks"]
+
+    @post(
+        status_code=200,
+        summary="Rerank documents for a query (Cohere's v2 shape)",
+        responses=WORK_ERRORS,
+    )
+    async def create(
+        self, data: CohereRerankRequest, gateway: GatewayDep
+    ) -> Response[CohereRerankResponse]:
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]
+
+
+class ScoreController(Controller):
+    path = "/"
+    tags = ["Encoder tasks"]
+
+    @post(
+        ["/v1/score", "/score"],
+        status_code=200,
+        summary="Relevance of text pairs (vLLM's score shape)",
+        responses=WORK_ERRORS,
+    )
+    async def create(self, data: ScoreRequest, gateway: GatewayDep) -> Response[ScoreResponse]:
         body, headers = await answer(gateway, data)
         return Response(body, headers=headers)  # type: ignore[arg-type]
 

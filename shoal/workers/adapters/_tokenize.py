@@ -58,8 +58,19 @@ class FastTokenizer:
                 rows.append(row)
         return rows
 
-    def pairs(self, first: str, seconds: Sequence[str]) -> list[Tokenized]:
-        """`(first, second)` sentence pairs, cut longest-first to max length."""
+    def pairs(self, first: str, seconds: Sequence[str], second_tokens: int = 0) -> list[Tokenized]:
+        """`(first, second)` sentence pairs, cut longest-first to max length; with
+        `second_tokens`, each second text is first cut to that many tokens (at the end of
+        its last whole token, by character offsets)."""
+        if second_tokens:
+            seconds = [
+                s[: enc.offsets[second_tokens - 1][1]] if len(enc.ids) > second_tokens else s
+                for s, enc in zip(
+                    seconds,
+                    self._plain.encode_batch(list(seconds), add_special_tokens=False),
+                    strict=True,
+                )
+            ]
         encodings = self._plain.encode_batch([(first, s) for s in seconds])
         return [self._row(enc, self._pair_specials, detail=False, types=True) for enc in encodings]
 

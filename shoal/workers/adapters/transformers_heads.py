@@ -113,7 +113,7 @@ class TransformersHeadAdapter(TorchAdapter):
         if isinstance(job, ClassifyJob) and "classify" in self.spec.tasks:
             return self.tokenizer.texts(job.texts)
         if isinstance(job, RerankJob) and "rerank" in self.spec.tasks:
-            return self.tokenizer.pairs(job.query, job.documents)
+            return self.tokenizer.pairs(job.query, job.documents, job.doc_tokens)
         raise ValueError(f"model {self.spec.id!r} does not serve {type(job).__name__}")
 
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:

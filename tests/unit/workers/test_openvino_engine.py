@@ -167,7 +167,9 @@ def task_specs(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
 
 
 @pytest.mark.parametrize(("model", "op"), [("test-reranker", "rerank"), ("test-ner", "ner")])
-def test_task_heads_answer_the_same_in_openvino_picked_by_auto(task_specs, model: str, op: str) -> None:
+def test_task_heads_answer_the_same_in_openvino_picked_by_auto(
+    task_specs, model: str, op: str
+) -> None:
     spec = task_specs.resolve(model)
     adapters = []
     for engine in ("torch", "auto"):

@@ -1,0 +1,154 @@
+"""OpenAI's Responses API through the official openai SDK (`responses.create`,
+`responses.stream`, `responses.parse`) against real gateway and generation worker
+processes: the same greedy text and usage as chat completions, the event sequence the
+SDK's stream accumulator checks, and clear 400s for what is not served."""
+
+from __future__ import annotations
+
+import openai
+import pydantic
+import pytest
+
+from tests.helpers import GEN_MODEL
+
+pytestmark = pytest.mark.slow
+
+INSTRUCTIONS = "Answer in one short sentence."
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def client(stack: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack}/v1", api_key="unused", max_retries=0)
+
+
+def _chat(client, max_tokens: int):
+    return client.chat.completions.create(
+        model=GEN_MODEL,
+        messages=[
+            {"role": "system", "content": INSTRUCTIONS},
+            {"role": "user", "content": QUESTION},
+        ],
+        max_tokens=max_tokens,
+        temperature=0,
+    )
+
+
+def test_create_answers_as_chat_does(client) -> None:
+    response = client.responses.create(
+        model=GEN_MODEL,
+        instructions=INSTRUCTIONS,
+        input=QUESTION,
+        max_output_tokens=12,
+        temperature=0,
+        store=False,
+    )
+    chat = _chat(client, 12)
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.model == GEN_MODEL
+    assert response.output_text == chat.choices[0].message.content
+    [item] = response.output
+    assert item.type == "message" and item.role == "assistant"
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    assert response.usage.total_tokens == chat.usage.total_tokens
+    if chat.choices[0].finish_reason == "length":
+        assert response.status == "incomplete"
+        assert response.incomplete_details.reason == "max_output_tokens"
+    else:
+        assert response.status == "completed"
+
+
+def test_message_items_with_text_parts_are_chat_turns(client) -> None:
+    items = [
+        {"role": "system", "content": [{"type": "input_text", "text": INSTRUCTIONS}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+    ]
+    response = client.responses.create(
+        model=GEN_MODEL, input=items, max_output_tokens=12, temperature=0
+    )
+    assert response.output_text == _chat(client, 12).choices[0].message.content
+
+
+def test_stream_gives_the_same_text_in_the_documented_event_order(client) -> None:
+    whole = client.responses.create(
+        model=GEN_MODEL,
+        instructions=INSTRUCTIONS,
+        input=QUESTION,
+        max_output_tokens=40,
+        temperature=0,
+    )
+    with client.responses.stream(
+        model=GEN_MODEL,
+        instructions=INSTRUCTIONS,
+        input=QUESTION,
+        max_output_tokens=40,
+        temperature=0,
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == whole.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.output_text == whole.output_text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_a_cut_stream_ends_incomplete(client) -> None:
+    raw = client.responses.create(
+        model=GEN_MODEL,
+        input="Count from one to fifty in words.",
+        max_output_tokens=3,
+        temperature=0,
+        stream=True,
+    )
+    events = list(raw)
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert events[-1].response.usage.output_tokens == 3
+
+
+class City(pydantic.BaseModel):
+    name: str
+    country: str
+
+
+def test_parse_gives_a_validated_object(client) -> None:
+    response = client.responses.parse(
+        model=GEN_MODEL,
+        input="Name a large city and its country, as JSON.",
+        text_format=City,
+        max_output_tokens=60,
+        temperature=0,
+    )
+    assert isinstance(response.output_parsed, City)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"store": True}, "store"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"previous_response_id": "resp_123"}, "previous_response_id"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+        ({"input": []}, "input"),
+    ],
+)
+def test_what_is_not_served_is_a_clear_400(client, extra: dict, param: str) -> None:
+    body = {"model": GEN_MODEL, "input": QUESTION, "max_output_tokens": 4, **extra}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(**body)
+    assert raised.value.body["param"] == param
