@@ -86,15 +86,16 @@ class ResponseFormat(msgspec.Struct, kw_only=True):
         return text
 
 
-def check_json_schema(text: str) -> None:
-    """Raises InvalidRequestError unless constrained decoding can compile the schema."""
+def check_json_schema(text: str, param: str = "response_format.json_schema.schema") -> None:
+    """Raises InvalidRequestError, naming `param`, unless constrained decoding can compile
+    the schema."""
     from llguidance import LLMatcher
 
     error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(text))
     if error:
         raise InvalidRequestError(
-            f"response_format json_schema cannot be used: {error}",
-            param="response_format.json_schema.schema",
+            f"{param} cannot be used as a JSON schema: {error}",
+            param=param,
             code="invalid_json_schema",
         )
 
@@ -142,8 +143,12 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     web_search_options: Any = None
     suffix: Any = None
 
-    def reject_unsupported(self) -> None:
+    def reject_unsupported(self, served: tuple[str, ...] = ()) -> None:
+        """Raises InvalidRequestError for a set parameter of UNSUPPORTED not in `served`
+        (what the request type itself handles)."""
         for name in UNSUPPORTED:
+            if name in served:
+                continue
             value = getattr(self, name)
             if value not in (None, [], {}, "none", "text", ["text"]):
                 raise InvalidRequestError(
