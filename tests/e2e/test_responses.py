@@ -141,9 +141,10 @@ def test_parse_gives_a_validated_object(client) -> None:
     ("extra", "param"),
     [
         ({"store": True}, "store"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+        ({"input": [{"type": "reasoning", "id": "r", "summary": []}]}, "input[0]"),
         ({"input": []}, "input"),
     ],
 )
@@ -152,3 +153,110 @@ def test_what_is_not_served_is_a_clear_400(client, extra: dict, param: str) -> N
     with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(**body)
     assert raised.value.body["param"] == param
+
+
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+ADD_TOOL = {"type": "function", "name": "add", "description": "Add two integers", "parameters": ADD}
+
+
+def test_a_forced_function_call_is_a_function_call_item(client) -> None:
+    import json
+
+    import jsonschema
+
+    response = client.responses.create(
+        model=GEN_MODEL,
+        input="What is 2 plus 3?",
+        tools=[ADD_TOOL],
+        tool_choice={"type": "function", "name": "add"},
+        max_output_tokens=60,
+        temperature=0,
+    )
+    [call] = response.output
+    assert call.type == "function_call" and call.name == "add" and call.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), ADD)
+    # The call and its output go back as input items of the next request.
+    follow = client.responses.create(
+        model=GEN_MODEL,
+        input=[
+            {"role": "user", "content": "What is 2 plus 3?"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": "add",
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "5"},
+        ],
+        tools=[ADD_TOOL],
+        tool_choice="none",
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert follow.output[0].type == "message" and follow.output_text
+
+
+def test_a_streamed_call_arrives_as_the_responses_stream_sends_one(client) -> None:
+    import json
+
+    with client.responses.stream(
+        model=GEN_MODEL,
+        input="What is 2 plus 3?",
+        tools=[ADD_TOOL],
+        tool_choice="required",
+        max_output_tokens=60,
+        temperature=0,
+    ) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    [call] = final.output
+    assert call.type == "function_call" and set(json.loads(call.arguments)) == {"a", "b"}
+
+
+def test_an_openai_agents_agent_on_the_responses_model(stack: str) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)  # no exporter can reach OpenAI from here
+    seen: list[tuple[int, int]] = []
+
+    @function_tool
+    def add(a: int, b: int) -> str:
+        """Add two integers."""
+        seen.append((a, b))
+        return str(a + b)
+
+    agent = Agent(
+        name="adder",
+        instructions="Use the add tool to add numbers.",
+        model=OpenAIResponsesModel(
+            model=GEN_MODEL,
+            openai_client=openai.AsyncOpenAI(base_url=f"{stack}/v1", api_key="unused"),
+        ),
+        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=60),
+        tools=[add],
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = Runner.run_sync(agent, "What is 2 plus 3?", max_turns=2)
+    [(a, b)] = seen
+    assert result.final_output == str(a + b)

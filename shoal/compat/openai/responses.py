@@ -10,7 +10,11 @@ when `max_output_tokens` cut it).
 
 Responses are not stored: `store` must be false or absent (an absent `store` means false
 here, where OpenAI would keep it 30 days), and `previous_response_id` is refused, so a
-conversation is carried by sending its items again. Tools are not supported yet (400).
+conversation is carried by sending its items again. Function tools work as on chat
+(see `tools`): `tools` in the Responses shape, `tool_choice`, a call answered as a
+`function_call` output item, and `function_call` / `function_call_output` input items in
+later requests. With tools offered, a streamed answer's text or call arrives whole at
+its end (it is known to be one or the other only then); other tool types are a 400.
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ import msgspec
 
 from ...config import GatewaySettings
 from ...model_registry import ModelSpec
-from ...queue.messages import GenerateJob
+from ...queue.messages import ChoiceDelta, GenerateJob
 from .._constraints import ModelName
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
 from ..jobs import Envelope
-from .chat import ChatCompletionRequest, ChatMessage
+from .chat import CalledFunction, ChatCompletionRequest, ChatMessage, PastToolCall
 from .generation import (
     DeltaStream,
     JsonSchemaFormat,
@@ -38,6 +42,7 @@ from .generation import (
     Temperature,
     TopP,
 )
+from .tools import FunctionDef, NamedFunction, NamedToolChoice, Tool, ToolCall, parse_call
 
 __all__ = ["Response", "ResponseRequest"]
 
@@ -50,11 +55,32 @@ class InputContent(msgspec.Struct, kw_only=True):
 
 
 class InputItem(msgspec.Struct, kw_only=True):
-    """A message item of `input` (other item types are refused)."""
+    """An item of `input`: a message, an earlier function call, or its output."""
 
     role: str | None = None
     content: str | list[InputContent] | None = None
     type: str = "message"
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionTool(msgspec.Struct, kw_only=True):
+    """A tool in the Responses shape (the function's fields at the top level)."""
+
+    type: str
+    name: str = ""
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunctionChoice(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    name: str
 
 
 class TextFormat(msgspec.Struct, kw_only=True):
@@ -85,9 +111,9 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     parallel_tool_calls: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     # Set -> 400.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     previous_response_id: str | None = None
     reasoning: Any = None
     background: bool | None = None
@@ -102,9 +128,14 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
                 param="store",
                 code="unsupported_parameter",
             )
+        for i, tool in enumerate(self.tools or []):
+            if tool.type != "function":
+                raise InvalidRequestError(
+                    f"tools[{i}]: tools of type '{tool.type}' are not supported (function)",
+                    param=f"tools[{i}].type",
+                    code="unsupported_parameter",
+                )
         unsupported = {
-            "tools": bool(self.tools),
-            "tool_choice": self.tool_choice not in (None, "none", "auto"),
             "previous_response_id": self.previous_response_id is not None,
             "reasoning": self.reasoning not in (None, {}),
             "background": bool(self.background),
@@ -126,14 +157,41 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
         if not self.input:
             raise InvalidRequestError("'input' must not be empty", param="input")
         for i, item in enumerate(self.input):
-            if item.type != "message" or item.role not in _ROLES:
+            if item.type == "function_call" and item.name:
+                call = PastToolCall(
+                    id=item.call_id,
+                    function=CalledFunction(name=item.name, arguments=item.arguments or "{}"),
+                )
+                turns.append(ChatMessage(role="assistant", tool_calls=[call]))
+            elif item.type == "function_call_output":
+                output = ChatMessage(role="tool", content=item.output or "")
+                turns.append(msgspec.structs.replace(output, tool_call_id=item.call_id))
+            elif item.type == "message" and item.role in _ROLES:
+                turns.append(ChatMessage(role=item.role, content=_text(item, i)))
+            else:
                 raise InvalidRequestError(
-                    f"input[{i}]: only message items with role {', '.join(_ROLES)} are "
-                    f"supported (got type '{item.type}', role '{item.role}')",
+                    f"input[{i}]: items of type '{item.type}' (role '{item.role}') are not "
+                    "supported: messages with role "
+                    f"{', '.join(_ROLES)}, function_call and function_call_output",
                     param=f"input[{i}]",
                 )
-            turns.append(ChatMessage(role=item.role, content=_text(item, i)))
         return turns
+
+    def _tools(self) -> tuple[list[Tool] | None, str | NamedToolChoice | None]:
+        """`tools` and `tool_choice` in the chat shape."""
+        tools = [
+            Tool(
+                type="function",
+                function=FunctionDef(
+                    name=t.name, description=t.description, parameters=t.parameters
+                ),
+            )
+            for t in self.tools or []
+        ]
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunctionChoice):
+            return tools, NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+        return tools or None, choice
 
     def chat(self) -> ChatCompletionRequest:
         """The chat request this response runs as."""
@@ -141,9 +199,12 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
         schema = JsonSchemaFormat(
             name=fmt.name, schema=fmt.schema, strict=fmt.strict, description=fmt.description
         )
+        tools, choice = self._tools()
         return ChatCompletionRequest(
             model=self.model,
             messages=self.messages(),
+            tools=tools,
+            tool_choice=choice,
             max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
@@ -181,21 +242,46 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
             for d in deltas:
                 text += d.text
                 finish = d.finish_reason or finish
-        _finish(response, OutputMessage(id=f"msg_{secrets.token_hex(16)}"), text, finish, stream)
+        call = parse_call(text, self.chat().tool_plan())
+        item = _call_item(call) if call else OutputMessage(id=f"msg_{secrets.token_hex(16)}")
+        _finish(response, item, text, finish, stream)
         return response
 
     async def events(self, stream: DeltaStream) -> AsyncIterator[msgspec.Struct]:
         """The streamed response, as the Responses API sends it."""
         response = self._response(f"resp_{secrets.token_hex(16)}", stream.model, time.time())
-        item = OutputMessage(id=f"msg_{secrets.token_hex(16)}")
         seq = _Counter()
         yield LifecycleEvent("response.created", seq(), response)
         yield LifecycleEvent("response.in_progress", seq(), response)
+        plan = self.chat().tool_plan()
+        text, finish = "", "stop"
+        if plan.names:
+            # A call or text: known at the end only.
+            async for deltas in stream:
+                for d in deltas:
+                    text += d.text
+                    finish = d.finish_reason or finish
+            call = parse_call(text, plan)
+            if call is not None:
+                item = _call_item(call)
+                _finish(response, item, text, finish, stream)
+                for event in _call_events(item, seq):
+                    yield event
+                yield LifecycleEvent("response.completed", seq(), response)
+                return
+
+            async def whole() -> AsyncIterator[list[ChoiceDelta]]:
+                yield [ChoiceDelta(index=0, text=text)]
+
+            deltas_in: AsyncIterator[list[ChoiceDelta]] = whole()
+        else:
+            deltas_in = stream.__aiter__()
+        item = OutputMessage(id=f"msg_{secrets.token_hex(16)}")
         yield ItemEvent("response.output_item.added", seq(), 0, item)
         part = OutputText(text="")
         yield PartEvent("response.content_part.added", seq(), item.id, 0, 0, part)
-        text, finish = "", "stop"
-        async for deltas in stream:
+        text = ""
+        async for deltas in deltas_in:
             for d in deltas:
                 finish = d.finish_reason or finish
                 if d.text:
@@ -207,6 +293,36 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
         yield ItemEvent("response.output_item.done", seq(), 0, item)
         kind = "response.completed" if response.status == "completed" else "response.incomplete"
         yield LifecycleEvent(kind, seq(), response)
+
+
+def _call_item(call: ToolCall) -> FunctionCallItem:
+    return FunctionCallItem(
+        id=f"fc_{secrets.token_hex(16)}",
+        call_id=call.id,
+        name=call.function.name,
+        arguments=call.function.arguments,
+    )
+
+
+def _call_events(item: FunctionCallItem, seq: _Counter) -> list[msgspec.Struct]:
+    """A finished call as the Responses stream sends one: added (no arguments yet), the
+    arguments, done."""
+    opened = msgspec.structs.replace(item, arguments="", status="in_progress")
+    return [
+        ItemEvent("response.output_item.added", seq(), 0, opened),
+        ArgumentsEvent(
+            "response.function_call_arguments.delta", seq(), item.id, 0, delta=item.arguments
+        ),
+        ArgumentsEvent(
+            "response.function_call_arguments.done",
+            seq(),
+            item.id,
+            0,
+            arguments=item.arguments,
+            name=item.name,
+        ),
+        ItemEvent("response.output_item.done", seq(), 0, item),
+    ]
 
 
 def _text(item: InputItem, i: int) -> str:
@@ -225,12 +341,18 @@ def _text(item: InputItem, i: int) -> str:
 
 
 def _finish(
-    response: Response, item: OutputMessage, text: str, finish: str, stream: DeltaStream
+    response: Response,
+    item: OutputMessage | FunctionCallItem,
+    text: str,
+    finish: str,
+    stream: DeltaStream,
 ) -> None:
-    """Complete `item` with `text` and `response` with it and the usage."""
-    cut = finish == "length"
+    """Complete `item` (with `text`, for a message) and `response` with it and the
+    usage."""
+    cut = finish == "length" and isinstance(item, OutputMessage)
     item.status = "incomplete" if cut else "completed"
-    item.content = [OutputText(text=text)]
+    if isinstance(item, OutputMessage):
+        item.content = [OutputText(text=text)]
     response.output = [item]
     response.status = "incomplete" if cut else "completed"
     response.incomplete_details = IncompleteDetails() if cut else None
@@ -260,12 +382,19 @@ class OutputText(msgspec.Struct, kw_only=True):
     type: Literal["output_text"] = "output_text"
 
 
-class OutputMessage(msgspec.Struct, kw_only=True):
+class OutputMessage(msgspec.Struct, kw_only=True, tag_field="type", tag="message"):
     id: str
     content: list[OutputText] = []
     status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
     role: Literal["assistant"] = "assistant"
-    type: Literal["message"] = "message"
+
+
+class FunctionCallItem(msgspec.Struct, kw_only=True, tag_field="type", tag="function_call"):
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
 class InputTokensDetails(msgspec.Struct):
@@ -292,7 +421,7 @@ class Response(msgspec.Struct, kw_only=True):
     id: str
     created_at: float
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | FunctionCallItem]
     status: Literal["in_progress", "completed", "incomplete"]
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -306,7 +435,7 @@ class Response(msgspec.Struct, kw_only=True):
     completed_at: float | None = None
     error: None = None
     parallel_tool_calls: bool = False
-    tool_choice: str = "none"
+    tool_choice: Any = "auto"
     tools: list[Any] = []
     store: bool = False
     truncation: str = "disabled"
@@ -323,7 +452,17 @@ class ItemEvent(msgspec.Struct):
     type: str
     sequence_number: int
     output_index: int
-    item: OutputMessage
+    item: OutputMessage | FunctionCallItem
+
+
+class ArgumentsEvent(msgspec.Struct, omit_defaults=True):
+    type: str
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str | None = None
+    arguments: str | None = None
+    name: str | None = None
 
 
 class PartEvent(msgspec.Struct):
