@@ -108,7 +108,8 @@ class Loader:
     async def _load(self, served: EncoderModel, models: dict[str, EncoderModel]) -> None:
         # The dummy runtime has no weights to fetch.
         path = "" if served.spec.runtime == "dummy" else await self._local(served.spec.source)
-        need = await self._run(self._pool, weight_bytes, path) if path else 0
+        weights = await self._run(self._pool, weight_bytes, path) if path else 0
+        need = served.adapter.planned_bytes(weights)
         while True:
             busy = {m for m, other in models.items() if other is not served and other.busy}
             try:

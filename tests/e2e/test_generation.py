@@ -298,14 +298,14 @@ def test_a_client_that_goes_away_frees_its_slot(stack) -> None:
     ("body", "param"),
     [
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
         ({"messages": QUESTION, "max_tokens": 0}, "max_tokens"),
         ({"messages": QUESTION, "max_tokens": 100000}, "max_tokens"),
         ({"messages": QUESTION, "n": 500}, "n"),
         ({"messages": QUESTION, "temperature": 3}, "temperature"),
         (
-            {"messages": QUESTION, "tools": [{"type": "function", "function": {"name": "f"}}]},
-            "tools",
+            {"messages": QUESTION, "functions": [{"name": "f", "parameters": {}}]},
+            "functions",
         ),
         ({"messages": QUESTION, "top_logprobs": 2}, "top_logprobs"),
         (

@@ -13,9 +13,10 @@ from tests.helpers import MODEL, rounded, start_gateway, start_worker, wait_read
 pytestmark = pytest.mark.slow
 
 MIB = 2**20
-# Each fixture model is MiniLM-sized (about 87 MiB of float32 weights): the pinned MiniLM
-# plus one task model fit, a third does not.
-BUDGET = 230 * MIB
+# Each fixture model is MiniLM-sized: about 87 MiB of float32 weights, and as much again
+# for the compiled copy the default engine (OpenVINO, on this CPU) keeps beside them. The
+# pinned MiniLM plus one task model fit, a third does not.
+BUDGET = 420 * MIB
 
 CALLS = {
     "test-reranker": ("/v1/rerank", {"query": "where", "documents": ["here", "there", "x"]}),

@@ -243,7 +243,8 @@ class ResponseMessage(msgspec.Struct):
     content: str | None
     refusal: str | None = None
     role: Literal["assistant"] = "assistant"
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET
+    """Only on a call (OpenAI's schema has no `null` for it)."""
 
 
 class ChoiceLogprobs(msgspec.Struct):

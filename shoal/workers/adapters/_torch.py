@@ -198,6 +198,23 @@ class TorchAdapter(EncoderAdapter):
         name = str(dtype).removeprefix("torch.") if dtype else self.spec.profile.dtype
         return f"torch {name}" if self.device == "cpu" else f"torch {name} ({self.device})"
 
+    def planned_bytes(self, weights: int) -> int:
+        """The weights, and on a CPU where the OpenVINO engine will (or, under `auto`, may)
+        serve the model, its compiled copy of them (a second thread count compiles
+        another, counted once it exists)."""
+        if not self._compiles() or self.device != "cpu" or self.spec.profile.engine == "torch":
+            return weights
+        from . import _openvino
+
+        if not _openvino.available():
+            return weights
+        bf16 = self.spec.profile.dtype == "bfloat16" and runs_natively("bfloat16", "cpu")
+        return weights + int(weights * (0.5 if bf16 else 1.0))
+
+    def _compiles(self) -> bool:
+        """Whether `load` hands a graph to the engine (every head does)."""
+        return True
+
     def memory_bytes(self) -> int:
         assert self.model is not None
         tensors = [*self.model.parameters(), *self.model.buffers()]

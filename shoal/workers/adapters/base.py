@@ -84,6 +84,11 @@ class EncoderAdapter(ABC):
         """Bytes the loaded weights take (0 when unknown)."""
         return 0
 
+    def planned_bytes(self, weights: int) -> int:
+        """Memory a load of `weights` bytes of weights will take, known before it happens
+        (residency plans evictions with it; `memory_bytes` is the truth after)."""
+        return weights
+
     def engine(self) -> str:
         """What runs the loaded model and in which precision (`torch float32`), for
         heartbeats and `/v1/models`."""

@@ -102,6 +102,9 @@ class SentenceTransformerAdapter(TorchAdapter):
             [bool(t) and all(c in _PUNCTUATION for c in t) for t in tokens], dtype=bool
         )
 
+    def _compiles(self) -> bool:
+        return "embed" in self.spec.tasks  # multi-vector runs in torch
+
     @property
     def max_length(self) -> int:
         return self._max_length

@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _EXPORT_TIMEOUT = 3600.0
 _SMALLEST_TOP_P = 1e-30  # a normal float32, far below any top_p that keeps two tokens
+_SMALLEST_TEMPERATURE = 1e-30  # below it sampling is greedy in any float precision
 
 
 def export_command(settings: GeneratorSettings) -> list[str]:
@@ -359,10 +360,11 @@ def _fields(req: SequenceRequest) -> dict[str, object]:
     """The request's GenerationConfig, as fields the pipeline's process sets."""
     s = req.sampling
     fields: dict[str, object] = {"max_new_tokens": req.max_new, "ignore_eos": False}
-    if s.temperature > 0:
-        # OpenVINO holds top_p as a float32, in which a top_p below ~1e-38 is 0 and
-        # refused; every top_p that small keeps only the likeliest token, so the floor
-        # changes no answer.
+    # OpenVINO holds temperature and top_p as float32, in which values below ~1e-38 are 0
+    # and refused (or divide by zero). A temperature that small samples the likeliest
+    # token with certainty: greedy; a top_p that small keeps only the likeliest token,
+    # so the floor changes no answer.
+    if s.temperature > _SMALLEST_TEMPERATURE:
         fields |= {
             "do_sample": True,
             "temperature": s.temperature,
