@@ -132,9 +132,9 @@ class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     models: list[str] = []
     """Models (ids or aliases) this key may use; empty: all."""
     routes: list[str] = []
-    """Route groups this key may call (`embeddings`, `chat`, `completions`, `models`,
-    `files`, `batches`, `native`, `ner`, `multivector`, `rerank`, `classify`); empty: all
-    but `admin`."""
+    """Route groups this key may call (`embeddings`, `chat`, `completions`, `responses`,
+    `models`, `files`, `batches`, `native`, `ner`, `multivector`, `rerank` (also
+    `/v2/rerank` and `/v1/score`), `classify`, `sparse`); empty: all but `admin`."""
     admin: bool = False
     """Whether the key may call the admin API (`/admin/...`), besides its routes."""
     rpm: int = 0

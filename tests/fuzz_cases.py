@@ -60,6 +60,8 @@ MODEL_BY_PATH = {
     "/score": "test-reranker",
     "/v1/score": "test-reranker",
     "/v1/classify": "test-classifier",
+    "/v1/sparse": "test-splade",
+    "/native/v1/sparse": "test-splade",
 }
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
@@ -257,13 +259,16 @@ ROUTE_BODIES = {
     COMPL: {"model": GEN_MODEL, "prompt": "hi", "max_tokens": 1},
     BATCHES: {"input_file_id": "file-none", "endpoint": EMB, "completion_window": "24h"},
     "/v1/classify": {"model": "test-classifier", "input": "a"},
+    "/v1/sparse": {"model": "test-splade", "input": "a"},
     "/v1/rerank": {"model": "test-reranker", "query": "a", "documents": ["b"]},
     "/v2/rerank": {"model": "test-reranker", "query": "a", "documents": ["b"]},
+    "/v1/responses": {"model": GEN_MODEL, "input": "hi", "max_output_tokens": 1},
     "/v1/score": {"model": "test-reranker", "text_1": "a", "text_2": ["b"]},
 }
 JSON_ROUTES = [EMB, CHAT, COMPL, BATCHES]
 NATIVE_MODELS = {"/native/v1/embed": MODEL, "/native/v1/ner": "test-ner"}
 NATIVE_MODELS["/native/v1/multivector"] = MODEL
+NATIVE_MODELS["/native/v1/sparse"] = "test-splade"
 NATIVE_ROUTES = list(NATIVE_MODELS)
 
 
@@ -361,7 +366,11 @@ NUMBER_CASES = [
     # near-greedily; it must not crash the worker.
     num(COMPL, 200, temperature=1e-40),
     num(CHAT, 200, top_p=1e-46),
+    num(CHAT, 200, temperature=2e-212),  # 0 in float32: greedy, not a refused sampler
+    num("/v1/responses", 200, temperature=2e-212, input=""),
     num("/v1/classify", 400, param="top_k", top_k=BIG),
+    num("/v1/sparse", 400, param="top_k", top_k=BIG),
+    num("/v1/sparse", 200, threshold=1e300),  # above every weight: empty vectors
     num("/v1/rerank", 200, top_n=BIG),  # more than there are documents: all of them
     num("/v2/rerank", 200, top_n=BIG),
     num("/v2/rerank", 200, max_tokens_per_doc=BIG),  # past the model's limit: no cut

@@ -1,5 +1,5 @@
 """Tiny task models built from the packaged MiniLM, for tests: no package ships NER,
-cross-encoder, classifier or ColBERT weights that load offline here.
+cross-encoder, classifier, ColBERT or SPLADE weights that load offline here.
 
 Each is MiniLM with a fresh, seeded head, saved with `save_pretrained` and loaded by
 Shoal's real loading code. The heads are random (the tests compare Shoal with transformers
@@ -25,6 +25,7 @@ def build_task_models(root: Path) -> Path:
     import torch
     from safetensors.torch import save_file
     from transformers import (
+        AutoModelForMaskedLM,
         AutoModelForSequenceClassification,
         AutoModelForTokenClassification,
         AutoTokenizer,
@@ -65,6 +66,14 @@ def build_task_models(root: Path) -> Path:
     classifier.save_pretrained(root / "classifier")
     tokenizer.save_pretrained(root / "classifier")
 
+    # A masked LM for sparse (SPLADE) vectors: MiniLM's encoder with a seeded MLM head
+    # (its decoder tied to the word embeddings, as BERT's is).
+    splade = AutoModelForMaskedLM.from_pretrained(base)
+    with torch.no_grad():
+        splade.cls.predictions.bias.normal_(-3.0, 0.3)  # all but ~1% of logits relu to 0
+    splade.save_pretrained(root / "splade")
+    tokenizer.save_pretrained(root / "splade")
+
     colbert = root / "colbert"
     shutil.copytree(base, colbert)
     save_file(
@@ -96,6 +105,13 @@ source = "{root / "classifier"}"
 max_length = 128
 
 [[models]]
+id = "test-splade"
+tasks = ["sparse"]
+runtime = "transformers"
+source = "{root / "splade"}"
+max_length = 128
+
+[[models]]
 id = "test-colbert"
 tasks = ["multivector"]
 source = "{colbert}"
@@ -107,7 +123,7 @@ dims = {PROJECTION_DIMS}
     return spec
 
 
-TASK_MODELS = "all-MiniLM-L6-v2,test-ner,test-reranker,test-classifier,test-colbert"
+TASK_MODELS = "all-MiniLM-L6-v2,test-ner,test-reranker,test-classifier,test-colbert,test-splade"
 
 
 def build_lora_adapter(target: Path, seed: int = 0) -> Path:

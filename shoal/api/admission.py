@@ -61,6 +61,7 @@ _PREFIXES = (
     ("/v1/score", "rerank"),
     ("/score", "rerank"),
     ("/v1/classify", "classify"),
+    ("/v1/sparse", "sparse"),
     ("/admin/", "admin"),
 )
 _WORK_GROUPS = frozenset(
@@ -74,6 +75,7 @@ _WORK_GROUPS = frozenset(
         "multivector",
         "rerank",
         "classify",
+        "sparse",
     }
 )
 """Groups whose requests wait on workers: the ones the in-flight bound counts."""

@@ -29,6 +29,7 @@ from ..compat.openai.completions import CompletionRequest
 from ..compat.openai.responses import ResponseRequest
 from ..compat.rerank import CohereRerankRequest, RerankRequest
 from ..compat.score import ScoreRequest
+from ..compat.sparse import SparseRequest
 from ..config import GatewaySettings
 from ..model_registry import ModelSpec
 from ..queue import Job
@@ -153,4 +154,5 @@ BATCH_ENDPOINTS: dict[str, Endpoint] = {
     "/v1/ner": Endpoint(NerRequest, NerRequest.op, _answer_body),
     "/v1/multivector": Endpoint(MultiVectorRequest, MultiVectorRequest.op, _answer_body),
     "/v1/classify": Endpoint(ClassifyRequest, ClassifyRequest.op, _answer_body),
+    "/v1/sparse": Endpoint(SparseRequest, SparseRequest.op, _answer_body),
 }

@@ -40,6 +40,7 @@ from .routes import (
     RerankController,
     ResponsesController,
     ScoreController,
+    SparseController,
     StatusController,
 )
 from .status import StatusBoard
@@ -92,6 +93,7 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             RerankController,
             CohereRerankController,
             ScoreController,
+            SparseController,
             ClassifyController,
             NativeController,
             HealthController,

@@ -29,6 +29,7 @@ ROUTE_GROUPS = (
     "embeddings",
     "chat",
     "completions",
+    "responses",
     "models",
     "files",
     "batches",
@@ -37,6 +38,7 @@ ROUTE_GROUPS = (
     "multivector",
     "rerank",
     "classify",
+    "sparse",
 )
 """The route groups a key's `routes` may name; `admin` is granted by `admin = true`."""
 

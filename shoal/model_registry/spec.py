@@ -48,8 +48,9 @@ RUNTIME_TASKS: dict[str, frozenset[str]] = {
     "sentence-transformers": frozenset({"embed", "multivector"}),
     # One transformers head per model: token classification (ner) or sequence
     # classification (classify, or rerank for a single-logit cross-encoder).
-    # `generate` is a causal LM, served by generation workers.
-    "transformers": frozenset({"ner", "classify", "rerank", "generate"}),
+    # `sparse` is a masked LM (SPLADE pooling); `generate` a causal LM, served by
+    # generation workers.
+    "transformers": frozenset({"ner", "classify", "rerank", "sparse", "generate"}),
     "sglang": frozenset({"generate"}),
     "dummy": frozenset({"embed"}),
 }
@@ -128,6 +129,8 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"model {self.id!r}: runtime {self.runtime!r} cannot serve {sorted(unsupported)}"
             )
+        if "sparse" in self.tasks and len(self.tasks) > 1:
+            raise ValueError(f"model {self.id!r}: 'sparse' (a masked LM) cannot share a model")
         if "generate" in self.tasks and len(self.tasks) > 1:
             raise ValueError(f"model {self.id!r}: 'generate' cannot share a model with other tasks")
         if "embed" in self.tasks and not self.dims:

@@ -43,6 +43,8 @@ __all__ = [
     "Result",
     "Sampling",
     "ScoresResult",
+    "SparseJob",
+    "SparseResult",
     "TokenLogprob",
     "WorkerHeartbeat",
     "decode_heartbeat",
@@ -147,6 +149,15 @@ class RerankJob(_JobCommon, tag="rerank", kw_only=True):
     v2's `max_tokens_per_doc`); 0: only the model's length limit cuts."""
 
 
+class SparseJob(_JobCommon, tag="sparse", kw_only=True):
+    texts: list[str]
+    top_k: int = 0
+    """Weights kept per text, the largest; 0 keeps every nonzero one."""
+    threshold: float = 0.0
+    """Weights at or below this are dropped."""
+    truncate: bool = True
+
+
 class ChatTurn(_Wire, tag="turn", kw_only=True):
     role: Literal["system", "developer", "user", "assistant"]
     content: str
@@ -181,7 +192,7 @@ class GenerateJob(_JobCommon, tag="generate", kw_only=True):
     echo: bool = False
 
 
-Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob | GenerateJob
+Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob | SparseJob | GenerateJob
 
 OP_OF_JOB: dict[type, str] = {
     EmbedJob: "embed",
@@ -189,6 +200,7 @@ OP_OF_JOB: dict[type, str] = {
     NerJob: "ner",
     ClassifyJob: "classify",
     RerankJob: "rerank",
+    SparseJob: "sparse",
     GenerateJob: "generate",
 }
 """The op (subject token, batcher key) each job type is."""
@@ -238,6 +250,15 @@ class ScoresResult(_ResultCommon, tag="scores_result", kw_only=True):
     """One relevance score per document of a rerank item, in the item's order."""
 
     scores: list[float]
+
+
+class SparseResult(_ResultCommon, tag="sparse_result", kw_only=True):
+    """Each text's nonzero weights, concatenated: `counts[i]` (index, value) pairs for
+    text i, indices ascending; `indices` little-endian int32, `values` float32."""
+
+    indices: bytes
+    values: bytes
+    counts: list[int]
 
 
 class TokenLogprob(_Wire, tag="logprob", kw_only=True):
@@ -294,13 +315,14 @@ class PayloadRef(_Wire, tag="payload_ref", kw_only=True):
     size: int
 
 
-Result = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult
+Result = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult | SparseResult
 Reply = (
     EmbedResult
     | MultiVectorResult
     | NerResult
     | ClassifyResult
     | ScoresResult
+    | SparseResult
     | GenerateChunk
     | JobFailed
     | PayloadRef

@@ -20,7 +20,7 @@ from typing import Literal
 __all__ = ["Lane", "Subjects", "Task", "model_token", "token_model"]
 
 Lane = Literal["interactive", "batch"]
-Task = Literal["embed", "multivector", "ner", "classify", "rerank", "generate"]
+Task = Literal["embed", "multivector", "ner", "classify", "rerank", "sparse", "generate"]
 """What a model does and what a job asks of it (its work subject's last token)."""
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")

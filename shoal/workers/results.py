@@ -19,6 +19,8 @@ from ..queue.messages import (
     RerankJob,
     Result,
     ScoresResult,
+    SparseJob,
+    SparseResult,
 )
 from .adapters.base import EncoderAdapter
 from .held import HeldJob
@@ -39,6 +41,8 @@ def build_result(held: HeldJob, adapter: EncoderAdapter) -> Result:
             return _ner(held, adapter, timing)
         case ClassifyJob():
             return _classify(held, adapter, timing)
+        case SparseJob():
+            return _sparse(held, timing)
         case RerankJob():
             return ScoresResult(
                 request_id=job.request_id,
@@ -47,6 +51,27 @@ def build_result(held: HeldJob, adapter: EncoderAdapter) -> Result:
                 **timing,
             )
     raise TypeError(f"no result for {type(job).__name__}")
+
+
+def _sparse(held: HeldJob, timing: dict) -> SparseResult:
+    """Each row's nonzero weights (over `threshold`; the `top_k` largest), by index."""
+    job: SparseJob = held.job
+    ids, values, counts = [], [], []
+    for row in held.outputs:
+        kept = np.flatnonzero(row > max(job.threshold, 0.0))
+        if job.top_k and len(kept) > job.top_k:
+            kept = np.sort(kept[np.argpartition(-row[kept], job.top_k - 1)[: job.top_k]])
+        ids.append(kept.astype("<i4"))
+        values.append(row[kept].astype("<f4"))
+        counts.append(len(kept))
+    return SparseResult(
+        request_id=job.request_id,
+        part=job.part,
+        indices=np.concatenate(ids).tobytes() if ids else b"",
+        values=np.concatenate(values).tobytes() if values else b"",
+        counts=counts,
+        **timing,
+    )
 
 
 def _timing(held: HeldJob) -> dict:

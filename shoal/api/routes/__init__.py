@@ -16,6 +16,7 @@ from .tasks import (
     NerController,
     RerankController,
     ScoreController,
+    SparseController,
 )
 
 __all__ = [
@@ -35,5 +36,6 @@ __all__ = [
     "RerankController",
     "ResponsesController",
     "ScoreController",
+    "SparseController",
     "StatusController",
 ]

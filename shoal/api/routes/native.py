@@ -1,4 +1,5 @@
-"""POST /native/v1/{embed,ner,multivector}: MessagePack in and out, vectors as raw buffers."""
+"""POST /native/v1/{embed,ner,multivector,sparse}: MessagePack in and out, vectors as raw
+buffers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ...compat.errors import UnsupportedMediaTypeError
 from ...compat.multivector import NativeMultiVectorRequest
 from ...compat.native import NativeEmbedRequest
 from ...compat.ner import NativeNerRequest
+from ...compat.sparse import NativeSparseRequest
 from ..answer import TaskRequest, answer
 from ..gateway import Gateway, GatewayDep
 from ._openapi import error_responses
@@ -74,6 +76,20 @@ class NativeController(Controller):
     async def multivector(
         self,
         data: Annotated[NativeMultiVectorRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
+        gateway: GatewayDep,
+    ) -> Response[bytes]:
+        return await _answer_msgpack(gateway, data)
+
+    @post(
+        "/sparse",
+        status_code=200,
+        media_type=MSGPACK,
+        summary="Sparse (SPLADE) weights (msgpack): index and value buffers plus offsets",
+        responses=_ERRORS,
+    )
+    async def sparse(
+        self,
+        data: Annotated[NativeSparseRequest, Body(media_type=RequestEncodingType.MESSAGEPACK)],
         gateway: GatewayDep,
     ) -> Response[bytes]:
         return await _answer_msgpack(gateway, data)

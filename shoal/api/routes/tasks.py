@@ -14,6 +14,7 @@ from ...compat.rerank import (
     RerankResponse,
 )
 from ...compat.score import ScoreRequest, ScoreResponse
+from ...compat.sparse import SparseRequest, SparseResponse
 from ..answer import answer
 from ..gateway import GatewayDep
 from ._openapi import WORK_ERRORS
@@ -25,6 +26,7 @@ __all__ = [
     "NerController",
     "RerankController",
     "ScoreController",
+    "SparseController",
 ]
 
 
@@ -96,6 +98,20 @@ class ScoreController(Controller):
         responses=WORK_ERRORS,
     )
     async def create(self, data: ScoreRequest, gateway: GatewayDep) -> Response[ScoreResponse]:
+        body, headers = await answer(gateway, data)
+        return Response(body, headers=headers)  # type: ignore[arg-type]
+
+
+class SparseController(Controller):
+    path = "/v1/sparse"
+    tags = ["Encoder tasks"]
+
+    @post(
+        status_code=200,
+        summary="Sparse (SPLADE) embeddings: nonzero vocabulary weights per text",
+        responses=WORK_ERRORS,
+    )
+    async def create(self, data: SparseRequest, gateway: GatewayDep) -> Response[SparseResponse]:
         body, headers = await answer(gateway, data)
         return Response(body, headers=headers)  # type: ignore[arg-type]
 

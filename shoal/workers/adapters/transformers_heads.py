@@ -1,10 +1,12 @@
-"""Task heads with plain transformers: token classification (NER) and sequence
-classification (classify; rerank with a cross-encoder).
+"""Task heads with plain transformers: token classification (NER), sequence
+classification (classify; rerank with a cross-encoder) and masked-LM sparse vectors.
 
-The model loads with `AutoModelForTokenClassification` or
-`AutoModelForSequenceClassification` from any local path or hub id, its labels from the
-config's `id2label`. Outputs are raw logits per row; turning them into entities, labels or
-relevance scores happens in shoal/workers/results.py, in numpy.
+The model loads with `AutoModelForTokenClassification`,
+`AutoModelForSequenceClassification` or (sparse) `AutoModelForMaskedLM` from any local
+path or hub id, its labels from the config's `id2label`. Outputs are raw logits per row,
+or for sparse the SPLADE weights over the vocabulary (pooled in the graph, so the
+compiled engine runs it too); turning them into entities, labels, relevance scores or
+pruned sparse vectors happens in shoal/workers/results.py, in numpy.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from transformers import (
+    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
 )
 
 from ...model_registry import ModelSpec
-from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob
+from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob, SparseJob
 from ..ner import LabelTable
 from ._tokenize import FastTokenizer
 from ._torch import Graph, TorchAdapter
@@ -34,7 +37,7 @@ __all__ = ["TransformersHeadAdapter"]
 class TransformersHeadAdapter(TorchAdapter):
     """NER, rerank and classify heads with plain transformers."""
 
-    ops = frozenset({"ner", "classify", "rerank"})
+    ops = frozenset({"ner", "classify", "rerank", "sparse"})
 
     def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
         super().__init__(spec)
@@ -52,7 +55,11 @@ class TransformersHeadAdapter(TorchAdapter):
         hf_tokenizer = AutoTokenizer.from_pretrained(path)
         token_level = "ner" in self.spec.tasks
         auto = (
-            AutoModelForTokenClassification if token_level else AutoModelForSequenceClassification
+            AutoModelForMaskedLM
+            if "sparse" in self.spec.tasks
+            else AutoModelForTokenClassification
+            if token_level
+            else AutoModelForSequenceClassification
         )
         model = auto.from_pretrained(path).to(self.device).eval()
         self._set_precision(model)
@@ -71,7 +78,11 @@ class TransformersHeadAdapter(TorchAdapter):
         self.model = model
         self.lora = LoraSlots(lambda: self.model, self._set_model, self.max_loras)
         example = np.ones((2, 8), dtype=np.int64)
-        self._compile_graph(_logits(model), self._inputs(example, example, example))
+        self._compile_graph(self._graph(model), self._inputs(example, example, example))
+
+    def _graph(self, model: torch.nn.Module) -> Graph:
+        """The forward that runs: SPLADE weights for a sparse model, else the logits."""
+        return _splade(model) if "sparse" in self.spec.tasks else _logits(model)
 
     def _set_model(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -102,6 +113,8 @@ class TransformersHeadAdapter(TorchAdapter):
                 job = RerankJob(**common, query="warm", documents=["up"])
             elif op == "ner":
                 job = NerJob(**common, texts=["warm up"])
+            elif op == "sparse":
+                job = SparseJob(**common, texts=["warm up"])
             else:
                 job = ClassifyJob(**common, texts=["warm up"])
             self.forward(op, self.units(job))
@@ -110,6 +123,8 @@ class TransformersHeadAdapter(TorchAdapter):
         assert self.tokenizer is not None
         if isinstance(job, NerJob) and "ner" in self.spec.tasks:
             return self.tokenizer.windows(job.texts)
+        if isinstance(job, SparseJob) and "sparse" in self.spec.tasks:
+            return self.tokenizer.texts(job.texts)
         if isinstance(job, ClassifyJob) and "classify" in self.spec.tasks:
             return self.tokenizer.texts(job.texts)
         if isinstance(job, RerankJob) and "rerank" in self.spec.tasks:
@@ -119,7 +134,7 @@ class TransformersHeadAdapter(TorchAdapter):
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
         ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
-        logits = self._run(_logits(self.model), self._inputs(ids, mask, types))
+        logits = self._run(self._graph(self.model), self._inputs(ids, mask, types))
         if op != "ner":
             return logits
         width = ids.shape[1]
@@ -132,3 +147,15 @@ class TransformersHeadAdapter(TorchAdapter):
 
 def _logits(model: torch.nn.Module) -> Graph:
     return Graph(model, lambda m, features: m(**features).logits)
+
+
+def _splade(model: torch.nn.Module) -> Graph:
+    """SPLADE pooling of a masked LM's logits: log(1 + relu(logits)) over the text's tokens
+    (padding masked out), max-pooled: one weight per vocabulary id."""
+
+    def weights(m: torch.nn.Module, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = m(**features).logits
+        mask = features["attention_mask"].unsqueeze(-1).to(logits.dtype)
+        return (torch.log1p(torch.relu(logits)) * mask).amax(dim=1)
+
+    return Graph(model, weights)
