@@ -9,6 +9,7 @@ import openai
 import pydantic
 import pytest
 
+from tests.agent_check import assert_agent_calls_add
 from tests.helpers import GEN_MODEL
 
 pytestmark = pytest.mark.slow
@@ -228,35 +229,11 @@ def test_a_streamed_call_arrives_as_the_responses_stream_sends_one(client) -> No
 
 
 def test_an_openai_agents_agent_on_the_responses_model(stack: str) -> None:
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIResponsesModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
+    """The OpenAI Agents SDK's default model kind, `OpenAIResponsesModel`, on /v1/responses."""
+    from agents import OpenAIResponsesModel
+
+    assert_agent_calls_add(
+        lambda client: OpenAIResponsesModel(
+            model=GEN_MODEL, openai_client=client(base_url=f"{stack}/v1", api_key="unused")
+        )
     )
-
-    set_tracing_disabled(True)  # no exporter can reach OpenAI from here
-    seen: list[tuple[int, int]] = []
-
-    @function_tool
-    def add(a: int, b: int) -> str:
-        """Add two integers."""
-        seen.append((a, b))
-        return str(a + b)
-
-    agent = Agent(
-        name="adder",
-        instructions="Use the add tool to add numbers.",
-        model=OpenAIResponsesModel(
-            model=GEN_MODEL,
-            openai_client=openai.AsyncOpenAI(base_url=f"{stack}/v1", api_key="unused"),
-        ),
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=60),
-        tools=[add],
-        tool_use_behavior="stop_on_first_tool",
-    )
-    result = Runner.run_sync(agent, "What is 2 plus 3?", max_turns=2)
-    [(a, b)] = seen
-    assert result.final_output == str(a + b)

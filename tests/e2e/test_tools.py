@@ -12,6 +12,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests.agent_check import assert_agent_calls_add
 from tests.helpers import GEN_MODEL
 
 pytestmark = pytest.mark.slow
@@ -200,37 +201,11 @@ def test_completions_still_refuse_tools(client) -> None:
 
 
 def test_an_openai_agents_agent_calls_a_function_tool(stack: str) -> None:
-    """The OpenAI Agents SDK with a custom client and `OpenAIChatCompletionsModel`: the
-    agent reads Shoal's call, runs the Python function with the parsed arguments and
-    stops there (`stop_on_first_tool`: what the tiny model would say next is not the
-    point)."""
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
+    """The OpenAI Agents SDK with a custom client and `OpenAIChatCompletionsModel`."""
+    from agents import OpenAIChatCompletionsModel
+
+    assert_agent_calls_add(
+        lambda client: OpenAIChatCompletionsModel(
+            model=GEN_MODEL, openai_client=client(base_url=f"{stack}/v1", api_key="unused")
+        )
     )
-
-    set_tracing_disabled(True)  # no exporter can reach OpenAI from here
-    seen: list[tuple[int, int]] = []
-
-    @function_tool
-    def add(a: int, b: int) -> str:
-        """Add two integers."""
-        seen.append((a, b))
-        return str(a + b)
-
-    client = openai.AsyncOpenAI(base_url=f"{stack}/v1", api_key="unused", max_retries=0)
-    agent = Agent(
-        name="adder",
-        instructions="Use the add tool to add numbers.",
-        model=OpenAIChatCompletionsModel(model=GEN_MODEL, openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=60),
-        tools=[add],
-        tool_use_behavior="stop_on_first_tool",
-    )
-    result = Runner.run_sync(agent, "What is 2 plus 3?", max_turns=2)
-    [(a, b)] = seen
-    assert result.final_output == str(a + b)
