@@ -1,6 +1,7 @@
 """`python -m perf knee ...` (the knee finder), `python -m perf bakeoff ...` (generation
 engines side by side), `python -m perf chat-batch ...` (a chat batch job against the
-engine, live latency under it), `python -m perf profile ...` (where the time goes) and
+engine, live latency under it), `python -m perf profile ...` (where the time goes),
+`python -m perf latency ...` (a low-load request's time against the forward pass) and
 `python -m perf texts` (the text sets)."""
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ def main() -> None:
         from perf.chat_batch import main as chat_batch
 
         chat_batch(sys.argv[2:])
+    elif command == "latency":
+        from perf.latency import main as latency
+
+        latency(sys.argv[2:])
     elif command == "profile":
         from perf.profile import main as profile
 
         profile(sys.argv[2:])
     else:
         sys.exit(
-            "usage: python -m perf knee|bakeoff|chat-batch|profile --help | python -m perf texts"
+            "usage: python -m perf knee|bakeoff|chat-batch|profile|latency --help"
+            " | python -m perf texts"
         )
 
 
