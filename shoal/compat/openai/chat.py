@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -71,7 +72,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     tool_call_id: str | None = None
 
 
-class ChatCompletionRequest(SamplingFields, kw_only=True):
+class ChatCompletionRequest(SamplingFields, kw_only=True, dict=True):
     # Fields in the order of OpenAI's reference (SamplingFields holds the shared ones).
     """`POST /v1/chat/completions`'s body; renders its response, streamed or whole."""
 
@@ -90,8 +91,12 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     shoal: ShoalOptions | None = None
     """Shoal extensions: `{"adapter": NAME}` picks a LoRA adapter of the model."""
 
+    @functools.cached_property
     def tool_plan(self) -> ToolPlan:
-        """Raises: InvalidRequestError for bad tools (see `plan_tools`)."""
+        """Checked once per request (each function's schema is compiled to check it), then
+        read by `to_jobs` and the rendering.
+
+        Raises: InvalidRequestError for bad tools (see `plan_tools`)."""
         return plan_tools(self.tools, self.tool_choice)
 
     def turns(self, plan: ToolPlan | None = None) -> list[ChatTurn]:
@@ -102,7 +107,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         turns = []
         for i, message in enumerate(self.messages):
             if message.role == "tool":
-                turns.append(result_turn(_text(message, i), message.tool_call_id))
+                turns.append(
+                    result_turn(
+                        joined_text(message.content, f"messages[{i}]"), message.tool_call_id
+                    )
+                )
                 continue
             if message.role not in ("system", "developer", "user", "assistant"):
                 raise InvalidRequestError(
@@ -110,7 +119,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
                     "(system, developer, user, assistant, tool)",
                     param=f"messages[{i}].role",
                 )
-            text = _text(message, i)
+            text = joined_text(message.content, f"messages[{i}]")
             if message.role == "assistant" and message.tool_calls:
                 calls = [
                     call_text(c.function.name, c.function.arguments) for c in message.tool_calls
@@ -133,7 +142,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         Raises: InvalidRequestError (unsupported parameters, bad messages, limits),
         PayloadTooLargeError (more characters than `max_request_chars`)."""
         self.reject_unsupported(served=("tools", "tool_choice", "parallel_tool_calls"))
-        plan = self.tool_plan()
+        plan = self.tool_plan
         if plan.forced and self.response_format and self.response_format.type != "text":
             raise InvalidRequestError(
                 "a forced tool call and 'response_format' both constrain the output: send one",
@@ -160,7 +169,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         completion = ChatCompletion.collect(
             f"chatcmpl-{secrets.token_hex(12)}", stream.model, deltas, self.n, self.logprobs, usage
         )
-        plan = self.tool_plan()
+        plan = self.tool_plan
         for choice in completion.choices:
             call = parse_call(choice.message.content or "", plan)
             if call is not None:
@@ -176,7 +185,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
             ChunkChoice(i, Delta(content="", role="assistant"), None, None) for i in range(self.n)
         ]
         yield ChatCompletionChunk(cid, first, created, model)
-        plan = self.tool_plan()
+        plan = self.tool_plan
         held = _HeldCalls(plan, self.n)
         async for deltas in stream:
             choices = [c for d in deltas for c in held.chunk_choices(d, self.logprobs)]
@@ -187,18 +196,18 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
             yield ChatCompletionChunk(cid, [], created, model, usage)
 
 
-def _text(message: ChatMessage, i: int) -> str:
-    content = message.content
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+def joined_text(content: str | list | None, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A message's content as one text: a string as it is, or its parts of `kinds` joined.
+
+    Raises: InvalidRequestError naming `where`.content for a part of another type."""
+    if content is None or isinstance(content, str):
+        return content or ""
     parts = []
     for part in content:
-        if part.type != "text" or part.text is None:
+        if part.type not in kinds or part.text is None:
             raise InvalidRequestError(
-                f"messages[{i}]: content parts of type '{part.type}' are not supported",
-                param=f"messages[{i}].content",
+                f"{where}: content parts of type '{part.type}' are not supported",
+                param=f"{where}.content",
             )
         parts.append(part.text)
     return "".join(parts)

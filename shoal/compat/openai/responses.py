@@ -19,6 +19,7 @@ its end (it is known to be one or the other only then); other tool types are a 4
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -33,7 +34,7 @@ from .._constraints import ModelName
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
 from ..jobs import Envelope
-from .chat import CalledFunction, ChatCompletionRequest, ChatMessage, PastToolCall
+from .chat import CalledFunction, ChatCompletionRequest, ChatMessage, PastToolCall, joined_text
 from .generation import (
     DeltaStream,
     JsonSchemaFormat,
@@ -47,6 +48,7 @@ from .tools import FunctionDef, NamedFunction, NamedToolChoice, Tool, ToolCall, 
 __all__ = ["Response", "ResponseRequest"]
 
 _ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 class InputContent(msgspec.Struct, kw_only=True):
@@ -95,7 +97,7 @@ class TextConfig(msgspec.Struct, kw_only=True):
     format: TextFormat = msgspec.field(default_factory=TextFormat)
 
 
-class ResponseRequest(msgspec.Struct, kw_only=True):
+class ResponseRequest(msgspec.Struct, kw_only=True, dict=True):
     """`POST /v1/responses`'s body."""
 
     model: ModelName
@@ -167,7 +169,12 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
                 output = ChatMessage(role="tool", content=item.output or "")
                 turns.append(msgspec.structs.replace(output, tool_call_id=item.call_id))
             elif item.type == "message" and item.role in _ROLES:
-                turns.append(ChatMessage(role=item.role, content=_text(item, i)))
+                turns.append(
+                    ChatMessage(
+                        role=item.role,
+                        content=joined_text(item.content, f"input[{i}]", _TEXT_PARTS),
+                    )
+                )
             else:
                 raise InvalidRequestError(
                     f"input[{i}]: items of type '{item.type}' (role '{item.role}') are not "
@@ -193,8 +200,10 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
             return tools, NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
         return tools or None, choice
 
+    @functools.cached_property
     def chat(self) -> ChatCompletionRequest:
-        """The chat request this response runs as."""
+        """The chat request this response runs as (built once, for the jobs and the
+        rendering)."""
         fmt = self.text.format if self.text else TextFormat()
         schema = JsonSchemaFormat(
             name=fmt.name, schema=fmt.schema, strict=fmt.strict, description=fmt.description
@@ -216,7 +225,7 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
 
     def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> list[GenerateJob]:
         self._refuse_unsupported()
-        return self.chat().to_jobs(env, spec, limits)
+        return self.chat.to_jobs(env, spec, limits)
 
     def _response(self, rid: str, model: str, created: float) -> Response:
         return Response(
@@ -237,12 +246,8 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
     async def collect(self, stream: DeltaStream) -> Response:
         """The whole response, once the generation is done."""
         response = self._response(f"resp_{secrets.token_hex(16)}", stream.model, time.time())
-        text, finish = "", "stop"
-        async for deltas in stream:
-            for d in deltas:
-                text += d.text
-                finish = d.finish_reason or finish
-        call = parse_call(text, self.chat().tool_plan())
+        text, finish = await _drain(stream)
+        call = parse_call(text, self.chat.tool_plan)
         item = _call_item(call) if call else OutputMessage(id=f"msg_{secrets.token_hex(16)}")
         _finish(response, item, text, finish, stream)
         return response
@@ -253,14 +258,11 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
         seq = _Counter()
         yield LifecycleEvent("response.created", seq(), response)
         yield LifecycleEvent("response.in_progress", seq(), response)
-        plan = self.chat().tool_plan()
-        text, finish = "", "stop"
+        plan = self.chat.tool_plan
+        finish = "stop"
         if plan.names:
             # A call or text: known at the end only.
-            async for deltas in stream:
-                for d in deltas:
-                    text += d.text
-                    finish = d.finish_reason or finish
+            text, finish = await _drain(stream)
             call = parse_call(text, plan)
             if call is not None:
                 item = _call_item(call)
@@ -295,6 +297,16 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
         yield LifecycleEvent(kind, seq(), response)
 
 
+async def _drain(stream: DeltaStream) -> tuple[str, str]:
+    """The whole text of a one-choice generation and its finish reason."""
+    text, finish = "", "stop"
+    async for deltas in stream:
+        for d in deltas:
+            text += d.text
+            finish = d.finish_reason or finish
+    return text, finish
+
+
 def _call_item(call: ToolCall) -> FunctionCallItem:
     return FunctionCallItem(
         id=f"fc_{secrets.token_hex(16)}",
@@ -323,21 +335,6 @@ def _call_events(item: FunctionCallItem, seq: _Counter) -> list[msgspec.Struct]:
         ),
         ItemEvent("response.output_item.done", seq(), 0, item),
     ]
-
-
-def _text(item: InputItem, i: int) -> str:
-    content = item.content
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for part in content:
-        if part.type not in ("input_text", "output_text", "text") or part.text is None:
-            raise InvalidRequestError(
-                f"input[{i}]: content parts of type '{part.type}' are not supported",
-                param=f"input[{i}].content",
-            )
-        parts.append(part.text)
-    return "".join(parts)
 
 
 def _finish(

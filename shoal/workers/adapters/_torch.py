@@ -141,7 +141,7 @@ class TorchAdapter(EncoderAdapter):
                 )
             log.info("model %s: engine auto: torch (openvino is not installed)", self.spec.id)
             return
-        bf16 = self.spec.profile.dtype == "bfloat16" and runs_natively("bfloat16", "cpu")
+        bf16 = self._openvino_bf16()
         compiled = _openvino.OpenVinoGraph(graph, example, bf16=bf16)
         if wanted == "auto":
             worst = self._probe_agreement(graph, compiled, list(example))
@@ -208,8 +208,11 @@ class TorchAdapter(EncoderAdapter):
 
         if not _openvino.available():
             return weights
-        bf16 = self.spec.profile.dtype == "bfloat16" and runs_natively("bfloat16", "cpu")
-        return weights + int(weights * (0.5 if bf16 else 1.0))
+        return weights + _compiled_bytes(weights, self._openvino_bf16(), copies=1)
+
+    def _openvino_bf16(self) -> bool:
+        """Whether OpenVINO runs this profile in bf16: asked for, and native on this CPU."""
+        return self.spec.profile.dtype == "bfloat16" and runs_natively("bfloat16", "cpu")
 
     def _compiles(self) -> bool:
         """Whether `load` hands a graph to the engine (every head does)."""
@@ -221,10 +224,9 @@ class TorchAdapter(EncoderAdapter):
         weights = sum(t.numel() * t.element_size() for t in tensors)
         if self._engine is None:
             return weights
-        # Each compiled copy holds the weights again, in bf16 or float32 (an estimate:
-        # OpenVINO does not report its own memory).
-        share = 0.5 if self._engine.precision == "bf16" else 1.0
-        return weights + int(weights * share * max(1, self._engine.compiled))
+        # Each compiled copy holds the weights again, in bf16 or float32.
+        bf16 = self._engine.precision == "bf16"
+        return weights + _compiled_bytes(weights, bf16, copies=max(1, self._engine.compiled))
 
     def unload(self) -> None:
         self.model = None
@@ -232,3 +234,9 @@ class TorchAdapter(EncoderAdapter):
         self.lora = None
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+def _compiled_bytes(weights: int, bf16: bool, copies: int) -> int:
+    """What `copies` compiled OpenVINO copies of `weights` bytes of float32 weights hold (an
+    estimate: OpenVINO does not report its own memory)."""
+    return int(weights * (0.5 if bf16 else 1.0) * copies)
