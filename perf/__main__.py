@@ -1,7 +1,8 @@
 """`python -m perf knee ...` (the knee finder), `python -m perf bakeoff ...` (generation
 engines side by side), `python -m perf chat-batch ...` (a chat batch job against the
 engine, live latency under it), `python -m perf profile ...` (where the time goes),
-`python -m perf latency ...` (a low-load request's time against the forward pass) and
+`python -m perf latency ...` (a low-load request's time against the forward pass),
+`python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/) and
 `python -m perf texts` (the text sets)."""
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ def main() -> None:
         from perf.latency import main as latency
 
         latency(sys.argv[2:])
+    elif command == "scale":
+        from perf.scale import main as scale
+
+        scale(sys.argv[2:])
     elif command == "profile":
         from perf.profile import main as profile
 
         profile(sys.argv[2:])
     else:
         sys.exit(
-            "usage: python -m perf knee|bakeoff|chat-batch|profile|latency --help"
+            "usage: python -m perf knee|bakeoff|chat-batch|profile|latency|scale --help"
             " | python -m perf texts"
         )
 

@@ -42,3 +42,9 @@ timeout 240 python3 -m perf knee --target shoal,inprocess --workload embed-bulk 
   --step-seconds 6 --probe-seconds 3 --out "$OUT" > "$OUT/knee.log" 2>&1
 echo "knee: exit $? ($(( $(date +%s) - started )) s)"
 grep -v "it/s\]" "$OUT/knee.log" | tail -25
+
+# The forward curve of MiniLM on this GPU, for the scale simulator (perf/scale/README.md).
+timeout 90 python3 -m perf scale calibrate --device cuda \
+  --out "$OUT/scale-calibration-gpu.json" > "$OUT/scale-calibration.log" 2>&1
+echo "scale calibration: exit $? ($(( $(date +%s) - started )) s)"
+tail -2 "$OUT/scale-calibration.log"

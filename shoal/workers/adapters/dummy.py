@@ -3,10 +3,16 @@
 Tokens are whitespace words hashed into a small vocabulary; a text's vector is the
 normalized sum of fixed random vectors of its tokens, so equal texts give equal vectors
 and the result is checkable without torch.
+
+A source `sleep:BASE,ROW,TOKEN` (milliseconds) also makes each forward pass take
+`BASE + ROW * rows + TOKEN * rows * longest`, sleeping: a stand-in for a model's measured
+service time, so that many workers fit on a few cores (perf/scale validates its
+simulator with them).
 """
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Sequence
 
@@ -32,6 +38,7 @@ class DummyAdapter(EncoderAdapter):
         self._table = np.random.default_rng(0).standard_normal((_VOCAB, spec.dims)).astype("f4")
         self.batches: list[int] = []
         """Sizes of the batches embedded, for tests to check batching."""
+        self._curve = _sleep_curve(spec.source)
 
     def load(self, path: str) -> None:
         pass
@@ -67,5 +74,17 @@ class DummyAdapter(EncoderAdapter):
 
     def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
         self.batches.append(len(batch))
+        if self._curve:
+            base, row, token = self._curve
+            longest = max(len(t.ids) for t in batch)
+            time.sleep((base + row * len(batch) + token * len(batch) * longest) / 1000)
         vectors = np.stack([self._table[t.ids].sum(axis=0) for t in batch])
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _sleep_curve(source: str) -> tuple[float, float, float] | None:
+    """(base, per row, per padded token) milliseconds from a `sleep:B,R,T` source."""
+    if not source.startswith("sleep:"):
+        return None
+    base, row, token = (float(x) for x in source.removeprefix("sleep:").split(","))
+    return base, row, token
