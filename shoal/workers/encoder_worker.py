@@ -4,9 +4,10 @@ token cost and run on one forward thread.
 Delivery (pulling, admission, keepalives, cancels, settling, stopping) is the worker
 core's (shoal/workers/core/). This kind adds, on the same event loop:
 
-- room: live work is pulled while the worker holds fewer than `max_held_jobs` items and
-  the model has less than about four batches of live inputs queued; batch-lane work only
-  while no live work is pending, a few items at a time;
+- room: live work is pulled while the worker holds fewer than `max_held_jobs` items, the
+  model has less than about four batches of live inputs queued, and the forward pass
+  running (if any) is expected to end within `_PULL_HORIZON`; batch-lane work only while
+  no live work is pending, a few items at a time;
 - admitted jobs are tokenized on the tokenizer thread into the model's batchers, one
   per (op, LoRA adapter, lane); jobs for a model that is not resident wait while it
   loads (`Loader`, on a loader thread, so serving the resident models goes on), and
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +62,13 @@ log = logging.getLogger(__name__)
 
 _POOL_BATCHES = 4
 """Live inputs queued per model, in batches: enough for the batcher to group by length."""
+_PULL_HORIZON = 0.005
+"""Seconds before its forward pass is expected to end from which a busy worker pulls live
+work again. A pull waiting on a busy worker takes the next request from the shared queue
+even while another worker is idle, and the request waits behind the whole pass: with
+Shoal's pull on 4 to 32 workers, that kept the knee at the push round-robin router's
+(perf/scale/README.md). Pulling only when about to be free sends work to whoever can
+start it first (a fetch takes well under this horizon on a local nats-server)."""
 _LIVE_TRAFFIC_HORIZON = 2.0
 """Seconds after a live arrival during which batch-lane work yields to it."""
 _IDLE_SLICES = 10
@@ -108,6 +117,8 @@ class EncoderKind(WorkerKind):
         self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
         self._full_threads = torch.get_num_threads()
+        self._busy_until = 0.0
+        """When the running forward pass is expected to end (clock time; 0: none runs)."""
         w = settings.worker
         budget = w.memory_budget or int(0.7 * available_memory(pick_device(w.device)))
         self.residency = Residency(budget, w.pinned, self._clock)
@@ -216,6 +227,8 @@ class EncoderKind(WorkerKind):
             # Only live work counts here: batch-lane work never keeps live work unpulled.
             queued_limit = _POOL_BATCHES * served.spec.profile.max_batch_items
             if served.interactive_queued >= queued_limit:
+                return 0
+            if self._about_to_be_busy():
                 return 0
             return max(0, max_held - len(held))
         # Batch lane: none while any live work is pending on this worker, and never more
@@ -360,12 +373,19 @@ class EncoderKind(WorkerKind):
                 return
             loop = asyncio.get_running_loop()
             toks = [u.tok for u in batch]
-            started, wall_started = self._clock(), time.time()
-            outputs, errors = await loop.run_in_executor(
-                self._forward, forward_isolating, model.adapter, key.op, key.lora, toks, threads
-            )
-            seconds = self._clock() - started
             padded = len(batch) * max(u.cost for u in batch)
+            started, wall_started = self._clock(), time.time()
+            # Until the model's cost is measured, pulls wait for the pass to end.
+            per_token = model.seconds_per_token or math.inf
+            self._expect_busy(per_token * padded)
+            try:
+                outputs, errors = await loop.run_in_executor(
+                    self._forward, forward_isolating, model.adapter, key.op, key.lora, toks, threads
+                )
+            finally:
+                self._busy_until = 0.0
+                self.core.signal_room()
+            seconds = self._clock() - started
             fill = padded / max(1, model.spec.profile.max_batch_tokens)
             self.metrics.batch(model.spec.id, key.op, len(batch), padded, seconds, fill)
             if telemetry.tracing():
@@ -382,6 +402,29 @@ class EncoderKind(WorkerKind):
         finally:
             model.running -= 1
             self.loader.notify_idle()
+
+    def _about_to_be_busy(self) -> bool:
+        """Whether the forward thread runs a pass that ends beyond `_PULL_HORIZON`, or is
+        idle with a live batch due (its pass starts before a pull could bring more)."""
+        now = self._clock()
+        if self._busy_until:
+            return self._busy_until - now > _PULL_HORIZON
+        return any(
+            (at := batcher.ready_at()) is not None and at <= now
+            for model in self.models.values()
+            if model.state == "resident"
+            for key, batcher in model.batchers.items()
+            if not key.batch_lane
+        )
+
+    def _expect_busy(self, seconds: float) -> None:
+        """Note that the forward thread is busy for about `seconds`; live pulls pause until
+        `_PULL_HORIZON` before it is free (see `room`)."""
+        self._busy_until = self._clock() + seconds
+        if seconds <= _PULL_HORIZON:
+            self.core.signal_room()
+        elif seconds < math.inf:
+            asyncio.get_running_loop().call_later(seconds - _PULL_HORIZON, self.core.signal_room)
 
     async def _ensure_lora(self, model: EncoderModel, lora: str, batch: list[Unit]) -> bool:
         try:

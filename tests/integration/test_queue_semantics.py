@@ -178,6 +178,49 @@ async def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(harn
     assert max(adapter.batches) > 1, adapter.batches
 
 
+class SlowWordAdapter(DummyAdapter):
+    """Takes `SLOW_S` over a batch holding the word 'slow'; notes which batches it ran."""
+
+    SLOW_S = 1.5
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self.slow_started = asyncio.Event()
+        self.texts_seen: list[int] = []
+        self._loop = asyncio.get_running_loop()
+
+    def embed(self, batch):
+        slow = int(self.tokenize(["slow"])[0].ids[1])
+        self.texts_seen.append(len(batch))
+        if any(slow in t.ids for t in batch):
+            self._loop.call_soon_threadsafe(self.slow_started.set)
+            time.sleep(self.SLOW_S)
+        return super().embed(batch)
+
+
+async def test_a_busy_worker_leaves_new_work_to_an_idle_one(harness: Harness) -> None:
+    """A worker running a long forward pass keeps no pull waiting (encoder_worker's pull
+    horizon): requests that arrive meanwhile go to the idle worker instead of queueing
+    behind the pass. Before, the busy worker's waiting pull took every other request."""
+    adapters = [SlowWordAdapter(SPEC), SlowWordAdapter(SPEC)]
+    for adapter in adapters:
+        await harness.add_worker(adapter)
+        adapter.texts_seen.clear()  # its warm-up
+    slow = asyncio.create_task(harness.embed(["slow"]))
+    await asyncio.wait(
+        [asyncio.create_task(a.slow_started.wait()) for a in adapters],
+        return_when=asyncio.FIRST_COMPLETED,
+        timeout=10,
+    )
+    busy = next(a for a in adapters if a.slow_started.is_set())
+    for i in range(6):  # one at a time: each goes to the oldest waiting pull
+        started = time.monotonic()
+        await harness.embed([f"quick {i}"])
+        assert time.monotonic() - started < SlowWordAdapter.SLOW_S / 2, i
+    assert busy.texts_seen == [1]  # only the slow text
+    await slow
+
+
 async def test_an_expired_job_is_dropped_answered_and_acked(harness: Harness) -> None:
     adapter = DummyAdapter(SPEC)
     await harness.add_worker(adapter)
