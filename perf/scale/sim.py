@@ -68,6 +68,12 @@ class Curve:
     def seconds(self, rows: int, longest: int) -> float:
         return self.base_s + self.per_row_s * rows + self.per_token_s * rows * longest
 
+    @classmethod
+    def calibrated(cls, calibration: dict, label: str) -> Curve:
+        """The curve `python -m perf scale calibrate` fitted."""
+        c = calibration["curve"]
+        return cls(c["base_s"], c["per_row_s"], c["per_token_s"], label)
+
     def scaled(self, factor: float, label: str) -> Curve:
         return Curve(
             self.base_s * factor, self.per_row_s * factor, self.per_token_s * factor, label
@@ -81,6 +87,12 @@ class QueueCosts:
     publish_s: float = 0.00015
     fetch_s: float = 0.00027
     reply_s: float = 0.00016
+
+    @classmethod
+    def calibrated(cls, calibration: dict) -> QueueCosts:
+        """The costs `python -m perf scale calibrate` measured; a reply is half a round trip."""
+        q = calibration["queue"]
+        return cls(q["publish_s"], q["fetch4_s"], q["reply_rtt_s"] / 2)
 
 
 @dataclass(frozen=True)
@@ -178,11 +190,10 @@ def placement(scenario: Scenario, shares: np.ndarray, policy: str) -> list[list[
     """Workers of each model: replicas in proportion to its share of traffic (at least
     one), spread so each worker's summed share is even; `hash` places by a ring."""
     w, m, slots = scenario.workers, scenario.models, scenario.resident
-    total = min(w * slots, max(w, m) * slots)
-    replicas = np.maximum(1, np.floor(shares * min(total, w * m)).astype(int))
-    replicas = np.minimum(replicas, w)
+    capacity = w * min(slots, m)
+    replicas = np.minimum(np.maximum(1, np.floor(shares * capacity).astype(int)), w)
     # Fill spare slots, most loaded per replica first, while the capacity lasts.
-    while replicas.sum() < min(w * min(slots, m), w * m):
+    while replicas.sum() < capacity:
         i = int(np.argmax(np.where(replicas < w, shares / replicas, -1)))
         if replicas[i] >= w:
             break
@@ -417,13 +428,11 @@ class Cluster:
 
     def forwarded(self, worker: _Worker, batch: list[_Unit]) -> None:
         heapq.heappop(worker.ends)
-        models = set()
         for unit in batch:
             request = unit.request
             request.left -= 1
             if request.left == 0:
                 worker.held -= 1
-                models.add(request.model)
                 done = self.now + self.s.queue.reply_s + self.s.overhead_s
                 if self.policy != "pull":
                     self.outstanding[worker.id] -= 1

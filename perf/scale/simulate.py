@@ -44,9 +44,8 @@ VARIANTS = {"pull": _PULL_HORIZON, "pull-anytime": None}
 
 
 def curves(calibration: dict) -> dict[str, Curve]:
-    c = calibration["curve"]
     return {
-        "cpu": Curve(c["base_s"], c["per_row_s"], c["per_token_s"], "MiniLM, this CPU (measured)"),
+        "cpu": Curve.calibrated(calibration, "MiniLM, this CPU (measured)"),
         "gpu": Curve(GPU_BASE_S, 0.0, 1 / GPU_TOKENS_PER_S, "MiniLM, H200 (assumed curve)"),
     }
 
@@ -84,8 +83,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "perf/results")
     args = parser.parse_args(argv)
     calibration = json.loads(args.calibration.read_text())
-    q = calibration["queue"]
-    queue = QueueCosts(q["publish_s"], q["fetch4_s"], q["reply_rtt_s"] / 2)
+    queue = QueueCosts.calibrated(calibration)
     lengths = calibration["token_lengths"]
     rows = []
     for curve_name in args.curves.split(","):

@@ -187,11 +187,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "perf/results")
     args = parser.parse_args(argv)
     calibration = json.loads(args.calibration.read_text())
-    measured = Curve(**{k: calibration["curve"][k] for k in ("base_s", "per_row_s", "per_token_s")})
+    measured = Curve.calibrated(calibration, "MiniLM on this CPU")
     load_bodies = bodies(2000, args.passage_share)
     short = [dummy_length(t) for t in load("short")]
     passages = [dummy_length(t) for t in load("passages")]
-    queue = calibration["queue"]
     rows = []
     for workers in [int(w) for w in args.workers.split(",")]:
         factor = args.slowdown_per_worker * workers
@@ -215,11 +214,7 @@ def main(argv: list[str]) -> None:
                 short_lengths=short,
                 passage_lengths=passages,
                 passage_share=args.passage_share,
-                queue=QueueCosts(
-                    publish_s=queue["publish_s"],
-                    fetch_s=queue["fetch4_s"],
-                    reply_s=queue["reply_rtt_s"] / 2,
-                ),
+                queue=QueueCosts.calibrated(calibration),
                 router_s=max(hop, 0.0) / 2,
                 overhead_s=max(overhead, 0.0) + max(hop, 0.0) / 2,
                 arrivals="even",

@@ -406,16 +406,10 @@ class EncoderKind(WorkerKind):
     def _about_to_be_busy(self) -> bool:
         """Whether the forward thread runs a pass that ends beyond `_PULL_HORIZON`, or is
         idle with a live batch due (its pass starts before a pull could bring more)."""
-        now = self._clock()
         if self._busy_until:
-            return self._busy_until - now > _PULL_HORIZON
-        return any(
-            (at := batcher.ready_at()) is not None and at <= now
-            for model in self.models.values()
-            if model.state == "resident"
-            for key, batcher in model.batchers.items()
-            if not key.batch_lane
-        )
+            return self._busy_until - self._clock() > _PULL_HORIZON
+        due, _ = self._next_due()
+        return due is not None and not due[1].batch_lane
 
     def _expect_busy(self, seconds: float) -> None:
         """Note that the forward thread is busy for about `seconds`; live pulls pause until
