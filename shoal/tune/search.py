@@ -30,8 +30,10 @@ are varied sparingly: in the coarse phase they come after every cheap knob, and 
 refinement they take single steps only, tried after every cheap single and pair move has
 failed. So they change only when everything cheap has been tried from the incumbent.
 
-Budget: a trial is started only when the elapsed time plus the mean duration of the
-trials so far still fits in `budget_s`; the default trial always runs.
+Budget: a trial is started only when the elapsed time plus the longest trial so far
+still fits in `budget_s` (not the mean: a generation trial that restarts the worker with
+more sequences takes longer than the ones before it, and the mean let the last trial run
+past the budget on a loaded machine); the default trial always runs.
 """
 
 from __future__ import annotations
@@ -97,10 +99,10 @@ async def confirm(
 ) -> list[Trial]:
     """Measure the `top` candidates once more while each fits before `deadline`: on a busy
     machine one measurement can rank a lucky candidate first."""
-    typical = sum(t.seconds for t in trials) / max(1, len(trials))
+    longest = max((t.seconds for t in trials), default=0.0)
     extra: list[Trial] = []
     for candidate, score in mean_scores(trials)[:top]:
-        if score <= 0 or clock() + typical > deadline:
+        if score <= 0 or clock() + longest > deadline:
             break
         extra.append(await _measured(measure, candidate, "confirm", clock))
         if on_trial is not None:
@@ -141,8 +143,7 @@ async def search(
         return trial
 
     def fits() -> bool:
-        expected = sum(t.seconds for t in trials) / len(trials)
-        return clock() - start + expected <= budget_s
+        return clock() - start + max(t.seconds for t in trials) <= budget_s
 
     incumbent = await run(dict(default), "default")
 

@@ -178,6 +178,23 @@ async def test_budget_not_a_whole_number_of_trials() -> None:
     assert len(trials) == 5
 
 
+async def test_a_trial_longer_than_the_rest_keeps_later_ones_inside_the_budget() -> None:
+    """Trials of 10, 10, 40, 40 s (a restart with more sequences takes longer): after
+    three, the mean (20 s) would start a fourth at 60 s of an 85 s budget, to end at
+    100 s; the longest so far (40 s) does not start it."""
+    bench = Bench(separable)
+    durations = iter([10.0, 10.0] + [40.0] * 20)
+
+    async def uneven(candidate: dict[str, Any]) -> tuple[float, Any]:
+        score, detail = await bench(candidate)
+        bench.clock.now += next(durations) - TRIAL_S
+        return score, detail
+
+    trials = await search(KNOBS, dict(DEFAULT), uneven, budget_s=85.0, clock=bench.clock)
+    assert sum(t.seconds for t in trials) <= 85.0
+    assert len(trials) == 3
+
+
 async def test_default_runs_even_when_the_budget_is_smaller_than_a_trial() -> None:
     bench = Bench(separable)
     trials = await search(KNOBS, dict(DEFAULT), bench, budget_s=1.0, clock=bench.clock)
