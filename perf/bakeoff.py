@@ -14,6 +14,8 @@ Targets:
                       gateway), its default engine (OpenVINO GenAI, float32), streamed
                       over HTTP through the gateway
   shoal-torch         the same with `engine = "torch"`: Shoal's transformers engine
+  shoal-int8          the same with `weights = "int8"`: OpenVINO with int8 weights (not
+                      exact; served once the load-time agreement check passes)
   openvino            OpenVINO GenAI's ContinuousBatchingPipeline in process, float32
                       (the IR Shoal exports), stepped in one thread: the engine's limit
   transformers-static transformers `generate` in process, static batches of c
@@ -150,8 +152,7 @@ async def _http_round(url: str, model: str, chats: list, c: int, max_tokens: int
 
 
 @contextlib.contextmanager
-def _shoal(engine: str) -> Iterator[str]:
-    profile = {} if engine == "auto" else {"engine": engine}
+def _shoal(profile: dict[str, str]) -> Iterator[str]:
     with local_stack(profile, model=GEN_MODEL, kind="generate") as stack:
         yield stack.base
 
@@ -309,9 +310,11 @@ def _transformers_rounds(concurrency: list[int], chats: list, max_tokens: int, c
 
 def _served(target: str, threads: int):
     if target == "shoal":
-        return _shoal("auto")
+        return _shoal({})
     if target == "shoal-torch":
-        return _shoal("torch")
+        return _shoal({"engine": "torch"})
+    if target == "shoal-int8":
+        return _shoal({"weights": "int8"})
     if target.startswith("llamacpp-np"):
         return llama_server(int(target.removeprefix("llamacpp-np")), threads)
     return None

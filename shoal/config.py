@@ -15,7 +15,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -261,6 +261,10 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """How to run `optimum-cli` for the OpenVINO runtime's one-time export of a model;
     empty: one beside this Python, else the `.venv-export` beside this venv (`make
     setup` builds it: optimum-intel pins an older transformers than Shoal's)."""
+    min_weight_agreement: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.9
+    """The least share of probe positions where a model with compressed weights
+    (`weights = "int8"`) must pick the same next token as the full-precision one to be
+    served compressed (SmolLM2-135M in int8: 0.95 on its own answers)."""
     openvino_cache_gb: float = 1.0
     """The OpenVINO runtime's KV cache per model, in GB (paged: shared by every running
     sequence)."""

@@ -46,3 +46,13 @@ def test_a_broken_spec_names_the_file_and_field(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"bad\.toml.*dims"):
         ModelRegistry.from_files(bad)
+
+
+def test_compressed_weights_are_refused_on_an_encoder(tmp_path: Path) -> None:
+    bad = tmp_path / "int8.toml"
+    bad.write_text(
+        '[[models]]\nid = "x"\ntasks = ["embed"]\nsource = "s"\ndims = 4\nmax_length = 4\n'
+        '[models.profile]\nweights = "int8"\n'
+    )
+    with pytest.raises(ValueError, match="'weights' applies to generation models only"):
+        ModelRegistry.from_files(bad)

@@ -1,0 +1,151 @@
+"""Whether a generation model with compressed weights still answers like the full one.
+
+A model served with int8 weights (`weights = "int8"`) is not exact, so before it serves
+it is compared with the full-precision model on `PROBE_CHATS`: each question through the
+chat template, followed by a plain answer, both models read the whole sequence at once
+(teacher forcing), and at every answer position we ask whether they pick the same next
+token (top-1 agreement) and how far apart their next-token distributions are (mean KL
+divergence, nats). Teacher forcing measures each position on its own: a greedy answer
+compared whole would count one early flip as a wholly different answer (SmolLM2-135M in
+int8: 0 of 10 whole answers equal, 0.95 of positions agreeing on those same answers).
+
+The result is stored beside the compressed IR, so the check runs once per export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from ...queue.messages import ChatTurn
+from .runtime import chat_prompt_ids
+
+__all__ = ["PROBE_CHATS", "Agreement", "agreement", "probe_sequences"]
+
+PROBE_CHATS = (
+    ("What is the capital of France?", "The capital of France is Paris."),
+    (
+        "Write two sentences about coral reefs.",
+        "Coral reefs are home to a quarter of all marine species. They protect coasts "
+        "from waves and storms.",
+    ),
+    (
+        "How do I reverse a list in Python?",
+        "Use slicing, as in items[::-1], which returns a new list, or call items.reverse() "
+        "to reverse the list in place.",
+    ),
+    (
+        "Why is the sky blue?",
+        "Sunlight is scattered by the molecules of the air, and blue light, with its short "
+        "wavelength, is scattered much more than red light.",
+    ),
+    (
+        "Give me three tips for better sleep.",
+        "1. Go to bed at the same time every night.\n2. Keep your bedroom cool and dark.\n"
+        "3. Avoid caffeine in the afternoon.",
+    ),
+    (
+        "Summarize the water cycle in one sentence.",
+        "Water evaporates from oceans and lakes, condenses into clouds, falls as rain or "
+        "snow, and flows back to the sea.",
+    ),
+    (
+        "What is 12 times 7?",
+        "12 times 7 is 84.",
+    ),
+    (
+        "Describe a cat to someone who has never seen one.",
+        "A cat is a small furry animal with four legs, a long tail, pointed ears and "
+        "whiskers. It moves quietly, likes to sleep in warm places and purrs when it is "
+        "content.",
+    ),
+)
+
+
+class Agreement(msgspec.Struct, frozen=True):
+    top1: float
+    """Share of answer positions where both models pick the same next token."""
+    kl: float
+    """Mean KL divergence of the compressed model's next-token distribution from the full
+    one's, in nats."""
+    positions: int
+
+
+def probe_sequences(tokenizer) -> list[tuple[list[int], int]]:
+    """Each probe chat as (token ids, where its answer starts)."""
+    out = []
+    for question, answer in PROBE_CHATS:
+        try:
+            prompt = chat_prompt_ids(tokenizer, [ChatTurn(role="user", content=question)], "")
+        except ValueError:  # no chat template: a completion model reads plain text
+            prompt = chat_prompt_ids(tokenizer, [], f"{question}\n")
+        answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        out.append((prompt + list(answer_ids), len(prompt)))
+    return out
+
+
+def agreement(
+    full: Path, compressed: Path, sequences: Sequence[tuple[list[int], int]], threads: int
+) -> Agreement:
+    """Compare the two OpenVINO IRs (optimum's stateful causal-LM export) on `sequences`;
+    the result is cached in `compressed`, keyed by the sequences."""
+    key = hashlib.sha256(json.dumps(list(sequences)).encode()).hexdigest()[:16]
+    stored = compressed / "agreement.json"
+    try:
+        cached = json.loads(stored.read_text())
+        if cached.get("key") == key:
+            return msgspec.convert(cached["agreement"], Agreement)
+    except (OSError, ValueError, KeyError, msgspec.ValidationError):
+        pass
+    a = _answer_logits(full, sequences, threads)
+    b = _answer_logits(compressed, sequences, threads)
+    same = np.concatenate([x.argmax(-1) == y.argmax(-1) for x, y in zip(a, b, strict=True)])
+    kl = np.concatenate([_kl(x, y) for x, y in zip(a, b, strict=True)])
+    result = Agreement(top1=float(same.mean()), kl=float(kl.mean()), positions=int(same.size))
+    stored.write_text(json.dumps({"key": key, "agreement": msgspec.to_builtins(result)}))
+    return result
+
+
+def _answer_logits(ir: Path, sequences, threads: int) -> list[np.ndarray]:
+    """Next-token logits at every answer position, float32 compute (the comparison is of
+    the weights, not of the arithmetic)."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(
+        str(ir / "openvino_model.xml"),
+        "CPU",
+        {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads},
+    )
+    out = []
+    for ids, start in sequences:
+        request = compiled.create_infer_request()
+        request.reset_state()
+        tokens = np.asarray([ids], dtype=np.int64)
+        request.infer(
+            {
+                "input_ids": tokens,
+                "attention_mask": np.ones_like(tokens),
+                "position_ids": np.arange(tokens.shape[1], dtype=np.int64)[None],
+                "beam_idx": np.zeros(1, dtype=np.int32),
+            }
+        )
+        # Position i predicts token i + 1: the answer's tokens are predicted from start - 1.
+        logits = request.get_tensor("logits").data[0]
+        out.append(np.array(logits[start - 1 : len(ids) - 1], dtype=np.float64))
+    return out
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    log_p = _log_softmax(p_logits)
+    log_q = _log_softmax(q_logits)
+    return (np.exp(log_p) * (log_p - log_q)).sum(-1)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
