@@ -4,6 +4,7 @@ word."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import httpx
@@ -48,8 +49,6 @@ def test_kill_9_mid_stream_then_the_stream_completes_without_duplication(
         with httpx.stream(
             "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=180
         ) as r:
-            import json
-
             for line in r.iter_lines():
                 if not line.startswith("data: {"):
                     continue
@@ -76,6 +75,63 @@ def test_kill_9_mid_stream_then_the_stream_completes_without_duplication(
         first.stop()
         if second is not None:
             second.stop()
+
+
+def _pipeline_process(worker_pid: int):
+    """The OpenVINO pipeline's process: the worker's spawned child (not the resource
+    tracker)."""
+    import psutil
+
+    for child in psutil.Process(worker_pid).children():
+        line = " ".join(child.cmdline())
+        if "multiprocessing.spawn" in line and "resource_tracker" not in line:
+            return child
+    raise AssertionError("the worker has no pipeline process")
+
+
+def test_a_killed_pipeline_process_is_restarted_and_its_stream_completes(
+    nats_server, session_dir, stack
+) -> None:
+    """SIGKILL the OpenVINO pipeline's process (what the OOM killer does) mid-stream: the
+    worker starts a new one, the job is generated again under its seed, and the client's
+    stream goes on without repeating a word; the model keeps serving."""
+    worker = start_worker(nats_server.url, session_dir, GEN_MODEL, None, "gen-ov", "generate")
+    gateway, base = start_gateway(nats_server.url, session_dir)
+    try:
+        wait_until(lambda: model_ready(base, GEN_MODEL), 180, worker, "the generation worker")
+        body = {
+            "model": GEN_MODEL,
+            "max_tokens": 150,
+            "temperature": 0.8,
+            "seed": 11,
+            "messages": [{"role": "user", "content": "Write a story about a lighthouse."}],
+        }
+        whole = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()
+        want = whole["choices"][0]["message"]["content"]
+        assert whole["usage"]["completion_tokens"] > 40, whole
+        killed = None
+        pieces: list[str] = []
+        with httpx.stream(
+            "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=180
+        ) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                pieces.append(chunk["choices"][0]["delta"].get("content") or "")
+                if len(pieces) == 10 and killed is None:
+                    killed = _pipeline_process(worker.pid)
+                    killed.kill()
+        assert killed is not None, "the stream ended before the pipeline could be killed"
+        assert "".join(pieces) == want
+        assert worker.alive() and _pipeline_process(worker.pid).pid != killed.pid
+        assert "the OpenVINO process of smollm2-135m-instruct restarted" in worker.log()
+        again = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()
+        assert again["choices"][0]["message"]["content"] == want
+    finally:
+        gateway.stop()
+        worker.stop()
 
 
 def test_without_its_export_tool_the_openvino_default_falls_back_to_transformers(

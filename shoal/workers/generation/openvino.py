@@ -9,7 +9,9 @@ ids: Shoal applies the chat template itself, so prompts and usage are the same a
 every runtime) and cancels those whose request went away; after each step this side reads
 every sequence's new token ids and turns them into text with Shoal's own incremental
 detokenizer (which also cuts at stop strings, exactly where OpenAI does, never emitting
-them).
+them). If that process dies, what it held fails back to the queue (to be generated again
+under the same seeds, here or elsewhere) and a new one starts; requests that come
+meanwhile wait for it.
 
 What maps to GenAI (checked against openvino-genai 2026.4.1): greedy or sampled
 (`temperature`, `top_p`) with a per-sequence `rng_seed` (seed + choice, so a redelivered
@@ -46,6 +48,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -66,6 +70,8 @@ log = logging.getLogger(__name__)
 _EXPORT_TIMEOUT = 3600.0
 _SMALLEST_TOP_P = 1e-30  # a normal float32, far below any top_p that keeps two tokens
 _SMALLEST_TEMPERATURE = 1e-30  # below it sampling is greedy in any float precision
+_RESTARTS = 3  # a pipeline process that dies more often than this ...
+_RESTART_WINDOW_S = 600.0  # ... within this is not restarted again
 
 
 def export_command(settings: GeneratorSettings) -> list[str]:
@@ -162,12 +168,16 @@ class OpenVINORuntime(GenerationRuntime):
         self._threads = threads or os.cpu_count() or 1
         self._lock = threading.Lock()  # the pipe's sending end and `_active`
         self._active: dict[int, _Sequence] = {}
-        self._conn: Connection | None = None
+        self._conn: Connection | _Closed | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._max_batch = 0
         self._weights: str | None = None  # int8 weights served: how close they measured
+        self._host_args: tuple = ()
+        self._backlog: list[tuple] | None = None
+        """While the pipeline's process restarts: what to send it once it is up."""
+        self._restarts: deque[float] = deque(maxlen=_RESTARTS)
         self._fallback = _Fallback(lambda: TransformersRuntime(spec, max_running, "cpu", max_loras))
 
     # Lifecycle --------------------------------------------------------------------------
@@ -197,22 +207,8 @@ class OpenVINORuntime(GenerationRuntime):
         properties: dict[str, object] = {"INFERENCE_NUM_THREADS": self._threads}
         if exact:
             properties |= {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
-        # spawn, not fork: the worker has threads and an event loop a fork would copy.
-        context = multiprocessing.get_context("spawn")
-        self._conn, theirs = context.Pipe()
-        self._process = context.Process(
-            target=host, args=(theirs, str(ir), scheduler, properties), daemon=True,
-            name=f"shoal-openvino-{self.spec.id}",
-        )  # fmt: skip
-        self._process.start()
-        theirs.close()
-        try:
-            answer = self._conn.recv()
-        except EOFError:
-            answer = ("failed", f"the OpenVINO process exited ({self._process.exitcode})")
-        if answer[0] != "ready":
-            self._process.join(timeout=5)
-            raise RuntimeError(f"OpenVINO could not load {self.spec.id}: {answer[1]}")
+        self._host_args = (str(ir), scheduler, properties)
+        self._spawn()
         log.info(
             "OpenVINO runtime for %s: %d threads, %s, up to %d sequences, in process %d",
             self.spec.id,
@@ -224,11 +220,44 @@ class OpenVINORuntime(GenerationRuntime):
         self._reader = threading.Thread(target=self._read, name="shoal-openvino", daemon=True)
         self._reader.start()
 
+    def _spawn(self) -> None:
+        """Start the pipeline's process, wait until it has loaded, then send it what came
+        meanwhile (a restart's backlog).
+
+        Raises:
+            RuntimeError: it could not load.
+        """
+        # spawn, not fork: the worker has threads and an event loop a fork would copy.
+        context = multiprocessing.get_context("spawn")
+        conn, theirs = context.Pipe()
+        process = context.Process(
+            target=host, args=(theirs, *self._host_args), daemon=True,
+            name=f"shoal-openvino-{self.spec.id}",
+        )  # fmt: skip
+        self._process = process  # before it loads: `stop` may have to kill it
+        process.start()
+        theirs.close()
+        try:
+            answer = conn.recv()
+        except EOFError:
+            answer = ("failed", f"the OpenVINO process exited ({process.exitcode})")
+        if answer[0] != "ready":
+            process.join(timeout=5)
+            raise RuntimeError(f"OpenVINO could not load {self.spec.id}: {answer[1]}")
+        with self._lock:
+            self._conn = conn
+            backlog, self._backlog = self._backlog or [], None
+            for message in backlog:
+                # An add whose sequence was failed meanwhile would only hold a slot.
+                if message[0] != "add" or message[1] in self._active:
+                    conn.send(message)
+
     def stop(self) -> None:
         self._stopping = True
         if self._process is not None and self._process.is_alive():
-            self._send(("stop",))
-            self._process.join(timeout=3)
+            if self._backlog is None:  # not restarting: it can stop cleanly
+                self._send(("stop",))
+                self._process.join(timeout=3)
             if self._process.is_alive():
                 self._process.kill()
         if self._reader is not None:
@@ -299,23 +328,26 @@ class OpenVINORuntime(GenerationRuntime):
         assert self._conn is not None
         try:
             with self._lock:
-                self._conn.send(message)
+                if self._backlog is not None:
+                    self._backlog.append(message)
+                else:
+                    self._conn.send(message)
         except (OSError, ValueError):
             return False
         return True
 
     def _read(self) -> None:
         """The reader thread: turns each step's token ids into events (it blocks in
-        `recv`, holding no GIL, while the pipeline steps)."""
-        assert self._conn is not None
+        `recv`, holding no GIL, while the pipeline steps), and restarts the pipeline's
+        process if it dies."""
         while True:
+            assert self._conn is not None
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
-                if not self._stopping:
-                    log.error("the OpenVINO process of %s exited", self.spec.id)
-                    self._fail(list(self._active.values()), "the OpenVINO process exited")
-                return
+                if self._stopping or not self._restarted():
+                    return
+                continue
             if message[0] == "step":
                 self._max_batch = max(self._max_batch, message[2])
                 self._collect(message[1])
@@ -327,6 +359,37 @@ class OpenVINORuntime(GenerationRuntime):
             else:  # a step failed: the process dropped every sequence
                 log.error("OpenVINO generation step failed: %s", message[1])
                 self._fail(list(self._active.values()), message[1])
+
+    def _restarted(self) -> bool:
+        """After the pipeline's process died (killed, out of memory, a crash in OpenVINO):
+        fail what it held (the worker returns those jobs to the queue, to be generated
+        again under their seeds), hold what is submitted meanwhile, start a new one.
+        False when it died too often (`_RESTARTS` within `_RESTART_WINDOW_S`) or could
+        not load again: then every request fails until the worker restarts."""
+        with self._lock:
+            self._backlog = []  # from here, sends wait for the new process
+            lost = list(self._active.values())
+        exitcode = self._process.exitcode if self._process is not None else None
+        log.error("the OpenVINO process of %s exited (%s)", self.spec.id, exitcode)
+        self._fail(lost, "the OpenVINO process exited")
+        now = time.monotonic()
+        if len(self._restarts) == _RESTARTS and now - self._restarts[0] < _RESTART_WINDOW_S:
+            log.error("not restarting it: %d restarts within %.0f s", _RESTARTS, _RESTART_WINDOW_S)
+        else:
+            self._restarts.append(now)
+            try:
+                self._spawn()
+            except RuntimeError:
+                log.exception("the OpenVINO process of %s could not restart", self.spec.id)
+            else:
+                log.warning("the OpenVINO process of %s restarted", self.spec.id)
+                return True
+        with self._lock:
+            backlog, self._backlog = self._backlog or [], None
+            self._conn = _Closed()  # later sends fail at once
+            lost = [self._active[m[1]] for m in backlog if m[0] == "add" and m[1] in self._active]
+        self._fail(lost, "the OpenVINO process is gone")
+        return False
 
     def _fail(self, seqs: list[_Sequence], error: str) -> None:
         with self._lock:
@@ -386,6 +449,16 @@ class OpenVINORuntime(GenerationRuntime):
 
     def _decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class _Closed:
+    """The pipe of a pipeline process that is gone for good."""
+
+    def send(self, message: tuple) -> None:
+        raise OSError("the OpenVINO process is gone")
+
+    def recv(self) -> tuple:
+        raise EOFError
 
 
 def _fields(req: SequenceRequest) -> dict[str, object]:
