@@ -28,7 +28,9 @@ is its torch engine with `--dtype bfloat16`), `llamacpp`
 perf/peers/llamacpp_server_venv.sh; chat), `shoal-torch` (`engine = "torch"`: torch
 for encoders, where `shoal` serves OpenVINO on a CPU; Shoal's transformers engine for
 generation),
-`inprocess` (the library call at its best batch size, without a server: the limit).
+`inprocess` (the library call at its best batch size, without a server: the limit),
+`inprocess-engine` (embed workloads: Shoal's own adapter, the engine a worker runs, called
+in process at its best batch on length-sorted texts).
 Workloads (perf/workloads.py, from the seeded sets in perf/data): `embed-short`,
 `embed-long`, `embed-mixed`, `rerank`, `chat`. Embed targets' vectors are checked against
 in-process float32 first (worst cosine in the table).
@@ -398,6 +400,10 @@ def main(argv: list[str]) -> None:
         if target == "inprocess":
             rate, note = workload.inprocess()
             results.append(TargetResult("inprocess", knee_tps=rate, note=note))
+            continue
+        if target == "inprocess-engine" and workload.engine_inprocess is not None:
+            rate, note = workload.engine_inprocess()
+            results.append(TargetResult(target, knee_tps=rate, note=note))
             continue
         if target.startswith("llamacpp-np"):
             slots = int(target.removeprefix("llamacpp-np"))
