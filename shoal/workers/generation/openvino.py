@@ -380,6 +380,8 @@ class OpenVINORuntime(GenerationRuntime):
             try:
                 self._spawn()
             except RuntimeError:
+                if self._stopping:  # `stop` killed it while it loaded
+                    return False
                 log.exception("the OpenVINO process of %s could not restart", self.spec.id)
             else:
                 log.warning("the OpenVINO process of %s restarted", self.spec.id)
