@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -302,3 +303,28 @@ def metric_value(samples: dict, name: str, **labels: str) -> float:
     """The sum of `name` over the samples whose labels include `labels`."""
     wanted = set(labels.items())
     return sum(v for (n, lab), v in samples.items() if n == name and wanted <= lab)
+
+
+def stream_chat_broken_midway(
+    base: str, body: dict, after: int, breaks: Callable[[], None], timeout: float = 180
+) -> tuple[str, str | None]:
+    """Stream the chat `body`, calling `breaks` (kill a worker, crash an engine) once
+    `after` chunks have come; the text streamed and the last finish reason. Asserts no
+    chunk was an error and that `breaks` ran before the stream ended."""
+    pieces: list[str] = []
+    finish = None
+    with httpx.stream(
+        "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=timeout
+    ) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            choice = chunk["choices"][0]
+            pieces.append(choice["delta"].get("content") or "")
+            finish = choice["finish_reason"] or finish
+            if len(pieces) == after:
+                breaks()
+    assert len(pieces) > after, "the stream ended before it could be broken"
+    return "".join(pieces), finish

@@ -4,13 +4,19 @@ word."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import httpx
 import pytest
 
-from tests.helpers import GEN_MODEL, model_ready, start_gateway, start_worker, wait_until
+from tests.helpers import (
+    GEN_MODEL,
+    model_ready,
+    start_gateway,
+    start_worker,
+    stream_chat_broken_midway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,31 +50,20 @@ def test_kill_9_mid_stream_then_the_stream_completes_without_duplication(
         want = whole["choices"][0]["message"]["content"]
         assert whole["usage"]["completion_tokens"] > 40, whole
 
-        pieces: list[str] = []
-        finish = None
-        with httpx.stream(
-            "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=180
-        ) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                choice = chunk["choices"][0]
-                pieces.append(choice["delta"].get("content") or "")
-                finish = choice["finish_reason"] or finish
-                if len(pieces) == 10 and second is None:
-                    first.kill()  # mid-stream, no goodbye
-                    second = start_worker(
-                        nats_server.url,
-                        session_dir,
-                        models=GEN_MODEL,
-                        extra=fast,
-                        name="gen-second",
-                        kind="generate",
-                    )
-        assert second is not None, "the stream ended before the worker could be killed"
-        assert "".join(pieces) == want
+        def kill_and_replace() -> None:
+            nonlocal second
+            first.kill()  # mid-stream, no goodbye
+            second = start_worker(
+                nats_server.url,
+                session_dir,
+                models=GEN_MODEL,
+                extra=fast,
+                name="gen-second",
+                kind="generate",
+            )
+
+        text, finish = stream_chat_broken_midway(base, body, 10, kill_and_replace)
+        assert text == want
         assert finish in ("stop", "length")
     finally:
         gateway.stop()
@@ -109,23 +104,15 @@ def test_a_killed_pipeline_process_is_restarted_and_its_stream_completes(
         whole = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()
         want = whole["choices"][0]["message"]["content"]
         assert whole["usage"]["completion_tokens"] > 40, whole
-        killed = None
-        pieces: list[str] = []
-        with httpx.stream(
-            "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=180
-        ) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                pieces.append(chunk["choices"][0]["delta"].get("content") or "")
-                if len(pieces) == 10 and killed is None:
-                    killed = _pipeline_process(worker.pid)
-                    killed.kill()
-        assert killed is not None, "the stream ended before the pipeline could be killed"
-        assert "".join(pieces) == want
-        assert worker.alive() and _pipeline_process(worker.pid).pid != killed.pid
+        killed = []
+
+        def kill_the_pipeline() -> None:
+            killed.append(_pipeline_process(worker.pid))
+            killed[0].kill()
+
+        text, _ = stream_chat_broken_midway(base, body, 10, kill_the_pipeline)
+        assert text == want
+        assert worker.alive() and _pipeline_process(worker.pid).pid != killed[0].pid
         assert "the OpenVINO process of smollm2-135m-instruct restarted" in worker.log()
         again = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()
         assert again["choices"][0]["message"]["content"] == want

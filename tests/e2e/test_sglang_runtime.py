@@ -19,7 +19,13 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import model_ready, start_gateway, start_worker, wait_until
+from tests.helpers import (
+    model_ready,
+    start_gateway,
+    start_worker,
+    stream_chat_broken_midway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -177,20 +183,13 @@ def test_a_crashed_sglang_server_is_restarted_and_the_stream_completes(double_st
     want = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
     want = want["choices"][0]["message"]["content"]
     before = _double(worker)["pid"]
-    pieces = []
-    with httpx.stream(
-        "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=120
-    ) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            pieces.append(chunk["choices"][0]["delta"].get("content") or "")
-            if len(pieces) == 8:
-                with pytest.raises(httpx.HTTPError):
-                    httpx.post(f"{_double_url(worker)}/double/crash", timeout=2)
-    assert "".join(pieces) == want
+
+    def crash() -> None:
+        with pytest.raises(httpx.HTTPError):
+            httpx.post(f"{_double_url(worker)}/double/crash", timeout=2)
+
+    text, _ = stream_chat_broken_midway(base, body, 8, crash, timeout=120)
+    assert text == want
     deadline = time.monotonic() + 30
     while _double(worker)["pid"] == before and time.monotonic() < deadline:
         time.sleep(0.2)
