@@ -31,9 +31,10 @@ refinement they take single steps only, tried after every cheap single and pair 
 failed. So they change only when everything cheap has been tried from the incumbent.
 
 Budget: a trial is started only when the elapsed time plus the longest trial so far
-still fits in `budget_s` (not the mean: a generation trial that restarts the worker with
-more sequences takes longer than the ones before it, and the mean let the last trial run
-past the budget on a loaded machine); the default trial always runs.
+that measured something still fits in `budget_s` (not the mean: a generation trial that
+restarts the worker with more sequences takes longer than the ones before it, and the mean
+let the last trial run past the budget on a loaded machine; not a failed trial's, which
+can wait minutes for a worker that never comes up); the default trial always runs.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ async def confirm(
 ) -> list[Trial]:
     """Measure the `top` candidates once more while each fits before `deadline`: on a busy
     machine one measurement can rank a lucky candidate first."""
-    longest = max((t.seconds for t in trials), default=0.0)
+    longest = _longest(trials)
     extra: list[Trial] = []
     for candidate, score in mean_scores(trials)[:top]:
         if score <= 0 or clock() + longest > deadline:
@@ -108,6 +109,13 @@ async def confirm(
         if on_trial is not None:
             on_trial(extra[-1])
     return extra
+
+
+def _longest(trials: Sequence[Trial]) -> float:
+    """What the next trial may take: the longest that measured something (a failed one
+    can take far longer, waiting for a worker that never came up)."""
+    measured = [t.seconds for t in trials if t.score > 0] or [t.seconds for t in trials]
+    return max(measured, default=0.0)
 
 
 async def search(
@@ -143,7 +151,7 @@ async def search(
         return trial
 
     def fits() -> bool:
-        return clock() - start + max(t.seconds for t in trials) <= budget_s
+        return clock() - start + _longest(trials) <= budget_s
 
     incumbent = await run(dict(default), "default")
 

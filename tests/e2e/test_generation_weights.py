@@ -42,7 +42,7 @@ def _serve(nats_url: str, data_dir: Path, env: dict[str, str]) -> tuple[str, str
             temperature=0,
         )
         assert r.choices[0].message.content and r.usage.completion_tokens > 0
-        return models[GEN_MODEL]["engine"], worker.log()
+        return models[GEN_MODEL]["engine"], worker.log_path.read_text(errors="replace")
     finally:
         gateway.stop()
         worker.stop()

@@ -10,8 +10,8 @@ every runtime) and cancels those whose request went away; after each step this s
 every sequence's new token ids and turns them into text with Shoal's own incremental
 detokenizer (which also cuts at stop strings, exactly where OpenAI does, never emitting
 them). If that process dies, what it held fails back to the queue (to be generated again
-under the same seeds, here or elsewhere) and a new one starts; requests that come
-meanwhile wait for it.
+under the same seeds, here or elsewhere), as does one sent before its death was noticed,
+and a new one starts; requests that come meanwhile wait for it.
 
 What maps to GenAI (checked against openvino-genai 2026.4.1): greedy or sampled
 (`temperature`, `top_p`) with a per-sequence `rng_seed` (seed + choice, so a redelivered
@@ -234,7 +234,10 @@ class OpenVINORuntime(GenerationRuntime):
             target=host, args=(theirs, *self._host_args), daemon=True,
             name=f"shoal-openvino-{self.spec.id}",
         )  # fmt: skip
-        self._process = process  # before it loads: `stop` may have to kill it
+        with self._lock:  # `stop` either sees this process (and kills it) or ran before
+            if self._stopping:
+                raise RuntimeError("stopping")
+            self._process = process
         process.start()
         theirs.close()
         try:
@@ -245,6 +248,9 @@ class OpenVINORuntime(GenerationRuntime):
             process.join(timeout=5)
             raise RuntimeError(f"OpenVINO could not load {self.spec.id}: {answer[1]}")
         with self._lock:
+            if self._stopping:
+                process.kill()
+                raise RuntimeError("stopping")
             self._conn = conn
             backlog, self._backlog = self._backlog or [], None
             for message in backlog:
@@ -253,13 +259,15 @@ class OpenVINORuntime(GenerationRuntime):
                     conn.send(message)
 
     def stop(self) -> None:
-        self._stopping = True
-        if self._process is not None and self._process.is_alive():
-            if self._backlog is None:  # not restarting: it can stop cleanly
+        with self._lock:
+            self._stopping = True
+            process, restarting = self._process, self._backlog is not None
+        if process is not None and process.is_alive():
+            if not restarting:  # it can stop cleanly
                 self._send(("stop",))
-                self._process.join(timeout=3)
-            if self._process.is_alive():
-                self._process.kill()
+                process.join(timeout=3)
+            if process.is_alive():
+                process.kill()
         if self._reader is not None:
             self._reader.join(timeout=2)
         self._fallback.stop()
@@ -305,10 +313,17 @@ class OpenVINORuntime(GenerationRuntime):
         return f"openvino {precision}"
 
     def _compressed_if_close(self, path: str, full: Path) -> Path:
-        """The int8 IR if it agrees with `full` enough on the probe chats, else `full`."""
-        compressed = openvino_ir(path, self._cache_dir, export_command(self._settings), "int8")
-        probe = probe_sequences(self.tokenizer)
-        measured = agreement(full, compressed, probe, self._threads)
+        """The int8 IR if it agrees with `full` enough on the probe chats, else `full`
+        (also when the export or the check fails: full precision still serves)."""
+        try:
+            compressed = openvino_ir(path, self._cache_dir, export_command(self._settings), "int8")
+            probe = probe_sequences(self.tokenizer)
+            measured = agreement(full, compressed, probe, self._threads)
+        except Exception as exc:
+            log.warning(
+                "%s: int8 weights not served (%s): serving full precision", self.spec.id, exc
+            )
+            return full
         floor = self._settings.min_weight_agreement
         said = f"top-1 agreement {measured.top1:.3f}, mean KL {measured.kl:.4f} nats"
         if measured.top1 < floor:
@@ -365,7 +380,8 @@ class OpenVINORuntime(GenerationRuntime):
         fail what it held (the worker returns those jobs to the queue, to be generated
         again under their seeds), hold what is submitted meanwhile, start a new one.
         False when it died too often (`_RESTARTS` within `_RESTART_WINDOW_S`) or could
-        not load again: then every request fails until the worker restarts."""
+        not load again: then every request on this model fails (back to the queue, for
+        other workers, until its deliveries run out) until this worker restarts."""
         with self._lock:
             self._backlog = []  # from here, sends wait for the new process
             lost = list(self._active.values())
@@ -379,8 +395,8 @@ class OpenVINORuntime(GenerationRuntime):
             self._restarts.append(now)
             try:
                 self._spawn()
-            except RuntimeError:
-                if self._stopping:  # `stop` killed it while it loaded
+            except Exception:  # not loading again, or no process at all (ENOMEM, EMFILE)
+                if self._stopping:  # `stop` came while it loaded
                     return False
                 log.exception("the OpenVINO process of %s could not restart", self.spec.id)
             else:

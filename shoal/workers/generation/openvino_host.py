@@ -17,6 +17,7 @@ The protocol (tuples over a `multiprocessing` pipe, one writer each way):
 
 from __future__ import annotations
 
+import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -28,6 +29,9 @@ def host(conn: Connection, ir: str, scheduler: dict[str, Any], properties: dict)
     from ...lifecycle import die_with_parent
 
     die_with_parent()  # the worker's last-resort exit must not leave the pipeline running
+    # Ctrl-C reaches the whole process group: the worker stops this process itself (a
+    # pipeline killed first would be restarted by the worker while it stops).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import numpy as np
         import openvino as ov

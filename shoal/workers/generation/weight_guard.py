@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -107,7 +108,9 @@ def agreement(
     same = np.concatenate([x.argmax(-1) == y.argmax(-1) for x, y in zip(a, b, strict=True)])
     kl = np.concatenate([_kl(x, y) for x, y in zip(a, b, strict=True)])
     result = Agreement(top1=float(same.mean()), kl=float(kl.mean()), positions=int(same.size))
-    stored.write_text(json.dumps({"key": key, "agreement": msgspec.to_builtins(result)}))
+    partial = stored.with_name(f"{stored.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"key": key, "agreement": msgspec.to_builtins(result)}))
+    partial.replace(stored)  # whole or absent, with two workers checking at once
     return result
 
 
@@ -121,19 +124,20 @@ def _answer_logits(ir: Path, sequences, threads: int) -> list[np.ndarray]:
         "CPU",
         {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads},
     )
+    accepted = {name for port in compiled.inputs for name in port.get_names()}
     out = []
     for ids, start in sequences:
         request = compiled.create_infer_request()
         request.reset_state()
         tokens = np.asarray([ids], dtype=np.int64)
-        request.infer(
-            {
-                "input_ids": tokens,
-                "attention_mask": np.ones_like(tokens),
-                "position_ids": np.arange(tokens.shape[1], dtype=np.int64)[None],
-                "beam_idx": np.zeros(1, dtype=np.int32),
-            }
-        )
+        feed = {
+            "input_ids": tokens,
+            "attention_mask": np.ones_like(tokens),
+            "position_ids": np.arange(tokens.shape[1], dtype=np.int64)[None],
+            "beam_idx": np.zeros(1, dtype=np.int32),
+        }
+        # optimum exports position_ids (and beam_idx) only for some architectures.
+        request.infer({name: value for name, value in feed.items() if name in accepted})
         # Position i predicts token i + 1: the answer's tokens are predicted from start - 1.
         logits = request.get_tensor("logits").data[0]
         out.append(np.array(logits[start - 1 : len(ids) - 1], dtype=np.float64))

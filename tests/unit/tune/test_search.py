@@ -195,6 +195,26 @@ async def test_a_trial_longer_than_the_rest_keeps_later_ones_inside_the_budget()
     assert len(trials) == 3
 
 
+async def test_a_failed_slow_trial_does_not_end_the_search() -> None:
+    """A candidate whose worker never came up fails after 100 s; the 10 s trials that
+    measured something still set the pace, so the search goes on within its budget."""
+    bench = Bench(separable)
+    calls = 0
+
+    async def one_fails_slowly(candidate: dict[str, Any]) -> tuple[float, Any]:
+        nonlocal calls
+        calls += 1
+        score, detail = await bench(candidate)
+        slow = calls == 2
+        bench.clock.now += (100.0 if slow else 10.0) - TRIAL_S
+        return (0.0 if slow else score), detail
+
+    trials = await search(KNOBS, dict(DEFAULT), one_fails_slowly, budget_s=150.0, clock=bench.clock)
+    assert trials[1].score == 0.0
+    assert len(trials) == 6  # 10 + 100 + 4 x 10 s
+    assert sum(t.seconds for t in trials) <= 150.0
+
+
 async def test_default_runs_even_when_the_budget_is_smaller_than_a_trial() -> None:
     bench = Bench(separable)
     trials = await search(KNOBS, dict(DEFAULT), bench, budget_s=1.0, clock=bench.clock)
