@@ -37,6 +37,12 @@ def add_tune_command(sub: Any, common: Any) -> None:
         "--p99-ms", type=float, default=0.0, help="the knee's latency bound (1000; chat 10000)"
     )
     tune.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="each load step's length (2; chat 10): shorter steps buy more trials, noisier",
+    )
+    tune.add_argument(
         "--write",
         action="store_true",
         help="save the winner in the model spec file (--spec, else SHOAL_MODELS_FILE) and "
@@ -76,6 +82,7 @@ def run_tune_command(args: argparse.Namespace, settings: Any) -> int:
                 workload=args.workload,
                 budget_s=args.budget,
                 p99_ms=args.p99_ms,
+                step_seconds=args.step_seconds,
                 keep_dtype=args.keep_dtype,
                 on_trial=lambda trial: console.print(
                     trial_line(trial, unit), highlight=False, markup=False, soft_wrap=True
