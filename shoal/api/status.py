@@ -137,6 +137,8 @@ def _worker(beat: WorkerHeartbeat, now: float) -> dict[str, Any]:
         "batches_per_s": beat.batches_per_s,
         "items_per_s": beat.items_per_s,
         "tokens_per_s": beat.tokens_per_s,
+        "forward_busy": round(beat.forward_busy, 3),
+        "passes_side_by_side": beat.passes_side_by_side,
         "active": beat.active,
         "age_s": max(0.0, now - beat.sent_at),
     }

@@ -63,6 +63,8 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
     batch_fill: float
     engines: dict[str, str]
     """What runs each resident model and in which precision."""
+    forward_busy: float
+    passes_side_by_side: int
 
     @classmethod
     def of(cls, beat: WorkerHeartbeat) -> WorkerInfo:

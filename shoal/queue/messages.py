@@ -355,6 +355,12 @@ class WorkerHeartbeat(_Wire, tag="heartbeat", kw_only=True):
     """Mean share of the token budget its recent batches used (encoders), 0..1."""
     engines: dict[str, str] = {}
     """What runs each resident model and in which precision (`openvino float32`)."""
+    forward_busy: float = 0.0
+    """Encoders: moving average (about a second) of the share of the forward capacity
+    computing, 0..1: near 1, the worker is saturated."""
+    passes_side_by_side: int = 0
+    """Encoders: forward passes run so far beside another (two engine streams on a CPU,
+    under load)."""
 
 
 class JobHeader(msgspec.Struct):

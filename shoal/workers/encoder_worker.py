@@ -13,10 +13,11 @@ core's (shoal/workers/core/). This kind adds, on the same event loop:
   loads (`Loader`, on a loader thread, so serving the resident models goes on), and
   models are evicted least recently used to stay within the memory budget;
 - one scheduler task owns the batchers: when one is ready it takes a batch, runs it on
-  the forward thread (forward.py: a failing input is isolated from its batch mates),
+  a forward thread (forward.py: a failing input is isolated from its batch mates),
   scatters the rows back to their jobs and answers each job that is complete. Batch-lane
   batches run only when no live work is pending, cut to a short slice of the forward
-  time while live traffic is about.
+  time while live traffic is about. A pass runs alone on all threads, or under load two
+  run side by side on a CPU engine made for it (passes.py says when).
 
 What can go wrong, by the core's outcomes: an input the model cannot take (too long
 with `truncate: false`, bad token ids) is INVALID; an unknown LoRA adapter NOT_FOUND; a
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -53,6 +55,7 @@ from .forward import forward_isolating, prepare, too_long
 from .held import HeldJob, Unit
 from .loader import Loader, LoadError
 from .observe import WorkerMetrics, record_job_spans
+from .passes import Pass, PassPlanner
 from .residency import Residency, available_memory
 from .results import build_result
 
@@ -114,12 +117,19 @@ class EncoderKind(WorkerKind):
         self._wake = asyncio.Event()
         self._loading: set[asyncio.Task] = set()
         self._scheduler: asyncio.Task | None = None
-        self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
+        # Two forward threads for passes side by side; the planner lets a second pass start
+        # only beside one that allows it.
+        self._forward = ThreadPoolExecutor(2, thread_name_prefix="shoal-forward")
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
         self._full_threads = torch.get_num_threads()
-        self._busy_until = 0.0
-        """When the running forward pass is expected to end (clock time; 0: none runs)."""
         w = settings.worker
+        cpu = pick_device(w.device) == "cpu"
+        self.passes = PassPlanner(self._clock, pairs=cpu and self._full_threads >= 2)
+        self._running: dict[asyncio.Task, float] = {}
+        """The forward passes running, each with when it is expected to end (clock time).
+        A pass leaves it when its forward ends (pulls go on), and leaves the planner once
+        its answers are sent (so the next pass is chosen once the pulls that this let in
+        had their time, as live work must not find a batch-lane pass just started)."""
         budget = w.memory_budget or int(0.7 * available_memory(pick_device(w.device)))
         self.residency = Residency(budget, w.pinned, self._clock)
         r = self.residency
@@ -188,6 +198,8 @@ class EncoderKind(WorkerKind):
     async def stop(self) -> None:
         if self._scheduler is not None:
             self._scheduler.cancel()
+        for task in self._running:
+            task.cancel()
         for task in self._loading:
             task.cancel()
         self._forward.shutdown(wait=False, cancel_futures=True)
@@ -212,6 +224,8 @@ class EncoderKind(WorkerKind):
             "engines": {
                 m.spec.id: m.adapter.engine() for m in self.models.values() if m.state == "resident"
             },
+            "forward_busy": self.passes.busy,
+            "passes_side_by_side": self.passes.side_by_side,
             **self.metrics.rates(),
         }
 
@@ -236,10 +250,15 @@ class EncoderKind(WorkerKind):
         # always finds room.
         if any(other.interactive_queued for other in self.models.values()):
             return 0
+        live = self._live_traffic_about()
+        if live and self._running:
+            # Pulled now, it would be due when this pass ends, racing the live work that
+            # the pull horizon lets in just before: pulled once the pass has ended instead.
+            return 0
         if served.batch_queued() >= 2 * served.spec.profile.max_batch_items:
             return 0
         held_batch = sum(1 for h in held.values() if h.batch_lane)
-        most = _BATCH_LANE_LIVE_FETCH if self._live_traffic_about() else 16
+        most = _BATCH_LANE_LIVE_FETCH if live else 16
         return max(0, min(max_held // 2 - held_batch, max_held - len(held), most))
 
     def hold(self, delivery: Delivery, job: Job, batch_lane: bool) -> Held:
@@ -306,7 +325,11 @@ class EncoderKind(WorkerKind):
         while True:
             self._wake.clear()
             due, wake_at = self._next_due()
-            if due is None:
+            kind = None if due is None else self.passes.next(self._may_pair(*due))
+            if kind is None:
+                # Nothing due, or it waits for a running pass (whose end wakes this).
+                if due is not None:
+                    wake_at = None
                 timeout = None if wake_at is None else max(0.0, wake_at - self._clock())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -321,7 +344,54 @@ class EncoderKind(WorkerKind):
                 share = self._batch_slice_share(model, batcher, 1 if live else _IDLE_SLICES)
                 if live:  # leave half the cores to the live path while it is busy
                     threads = max(1, threads // 2)
-            await self._run_batch(model, key, batcher.take(share), threads)
+            batch = [u for u in batcher.take(share) if not u.held.done]
+            if not batch:
+                self.core.signal_room()  # the inputs taken were queued room too
+                continue
+            self.passes.started(kind)
+            task = asyncio.create_task(self._run_batch(model, key, batch, threads, kind))
+            self._running[task] = self._expected_end(model, batch, kind)
+            task.add_done_callback(functools.partial(self._pass_ended, kind))
+            self._after_start()
+
+    def _may_pair(self, model: EncoderModel, key: BatcherKey) -> bool:
+        """Whether the batch due may run beside another pass: live work, on an engine and
+        op that allow it, with at least a thread per stream."""
+        threads = model.spec.profile.threads or self._full_threads
+        return (
+            not key.batch_lane
+            and threads >= 2
+            and model.adapter.runs_side_by_side(key.op, key.lora)
+        )
+
+    def _expected_end(self, model: EncoderModel, batch: list[Unit], kind: Pass) -> float:
+        """When a pass over `batch` should end, from the model's measured cost per token
+        (a pass beside another takes about twice as long); until measured, never."""
+        padded = len(batch) * max(u.cost for u in batch)
+        per_token = model.seconds_per_token or math.inf
+        return self._clock() + per_token * padded * (2 if kind is Pass.BESIDE else 1)
+
+    def _after_start(self) -> None:
+        """Let pulls go on once the passes running are about to end (or at once, where a
+        pass could start beside them)."""
+        if not self._about_to_be_busy():
+            self.core.signal_room()
+            return
+        soonest = min(self._running.values())
+        if soonest < math.inf:
+            delay = soonest - _PULL_HORIZON - self._clock()
+            asyncio.get_running_loop().call_later(max(0.0, delay), self.core.signal_room)
+
+    def _forward_over(self, task: asyncio.Task | None, kind: Pass) -> None:
+        if self._running.pop(task, None) is not None:  # type: ignore[arg-type]
+            self.passes.computed(kind)
+
+    def _pass_ended(self, kind: Pass, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a forward pass failed outside its batch", exc_info=task.exception())
+        self._forward_over(task, kind)  # if it ended before its forward (a LoRA failed)
+        self.passes.ended(kind)
+        self._signal()
 
     def _next_due(self) -> tuple[tuple[EncoderModel, BatcherKey] | None, float | None]:
         """The batch due soonest on a resident model, if due now; else when one will be.
@@ -360,12 +430,8 @@ class EncoderKind(WorkerKind):
         return min(1.0, tokens / batcher.profile.max_batch_tokens)
 
     async def _run_batch(
-        self, model: EncoderModel, key: BatcherKey, batch: list[Unit], threads: int
+        self, model: EncoderModel, key: BatcherKey, batch: list[Unit], threads: int, kind: Pass
     ) -> None:
-        batch = [u for u in batch if not u.held.done]
-        if not batch:
-            self.core.signal_room()  # the inputs taken were queued room too
-            return
         model.running += 1
         self.residency.touch(model.spec.id)
         try:
@@ -375,15 +441,15 @@ class EncoderKind(WorkerKind):
             toks = [u.tok for u in batch]
             padded = len(batch) * max(u.cost for u in batch)
             started, wall_started = self._clock(), time.time()
-            # Until the model's cost is measured, pulls wait for the pass to end.
-            per_token = model.seconds_per_token or math.inf
-            self._expect_busy(per_token * padded)
+            beside = kind is Pass.BESIDE
             try:
                 outputs, errors = await loop.run_in_executor(
-                    self._forward, forward_isolating, model.adapter, key.op, key.lora, toks, threads
+                    self._forward,
+                    forward_isolating,
+                    *(model.adapter, key.op, key.lora, toks, threads, beside),
                 )
             finally:
-                self._busy_until = 0.0
+                self._forward_over(asyncio.current_task(), kind)
                 self.core.signal_room()
             seconds = self._clock() - started
             fill = padded / max(1, model.spec.profile.max_batch_tokens)
@@ -393,7 +459,9 @@ class EncoderKind(WorkerKind):
             if errors:
                 await self._fail_inputs(model, batch, errors)
             else:
-                model.note_forward(seconds, padded)
+                # The model's cost per token is a pass's alone (a pass beside another
+                # takes about twice as long on half the threads).
+                model.note_forward(seconds / 2 if beside else seconds, padded)
             self.batches_run += 1
             for unit, output in zip(batch, outputs, strict=True):
                 held = unit.held
@@ -404,21 +472,15 @@ class EncoderKind(WorkerKind):
             self.loader.notify_idle()
 
     def _about_to_be_busy(self) -> bool:
-        """Whether the forward thread runs a pass that ends beyond `_PULL_HORIZON`, or is
-        idle with a live batch due (its pass starts before a pull could bring more)."""
-        if self._busy_until:
-            return self._busy_until - self._clock() > _PULL_HORIZON
+        """Whether the forward passes running end beyond `_PULL_HORIZON` with no room for
+        another beside them, or none runs and a live batch is due (its pass starts before a
+        pull could bring more)."""
+        if self._running:
+            if self.passes.has_room():
+                return False
+            return min(self._running.values()) - self._clock() > _PULL_HORIZON
         due, _ = self._next_due()
         return due is not None and not due[1].batch_lane
-
-    def _expect_busy(self, seconds: float) -> None:
-        """Note that the forward thread is busy for about `seconds`; live pulls pause until
-        `_PULL_HORIZON` before it is free (see `room`)."""
-        self._busy_until = self._clock() + seconds
-        if seconds <= _PULL_HORIZON:
-            self.core.signal_room()
-        elif seconds < math.inf:
-            asyncio.get_running_loop().call_later(seconds - _PULL_HORIZON, self.core.signal_room)
 
     async def _ensure_lora(self, model: EncoderModel, lora: str, batch: list[Unit]) -> bool:
         try:

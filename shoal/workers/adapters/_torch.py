@@ -189,6 +189,13 @@ class TorchAdapter(EncoderAdapter):
             tensors = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
             return graph(**tensors).float().cpu().numpy()
 
+    def runs_side_by_side(self, op: str, lora: str) -> bool:
+        return self._engine is not None and not lora and self._on_engine(op)
+
+    def _on_engine(self, op: str) -> bool:
+        """Whether `forward` runs `op` through `_run` (so in the engine, without LoRA)."""
+        return True
+
     def engine(self) -> str:
         if self._engine is not None:
             return f"openvino {'bfloat16' if self._engine.precision == 'bf16' else 'float32'}"

@@ -94,6 +94,12 @@ class EncoderAdapter(ABC):
         heartbeats and `/v1/models`."""
         return self.spec.runtime
 
+    def runs_side_by_side(self, op: str, lora: str) -> bool:
+        """Whether a pass of `op` (with LoRA adapter `lora`, "" for none) may run beside
+        another pass on a second forward thread: only in an engine made for it (torch sets
+        its thread count for the whole process)."""
+        return False
+
     @abstractmethod
     def warmup(self) -> None:
         """Run one small batch per op so the first request pays no lazy initialisation."""

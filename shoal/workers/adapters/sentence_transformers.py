@@ -137,6 +137,9 @@ class SentenceTransformerAdapter(TorchAdapter):
             inputs["token_type_ids"] = np.zeros_like(ids)
         return inputs
 
+    def _on_engine(self, op: str) -> bool:
+        return op == "embed"  # token vectors (multivector) come from the torch model
+
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
         ids, mask, _ = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)

@@ -6,6 +6,7 @@ on a CPU only when its outputs keep the exact floor against float32 torch."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import msgspec
@@ -122,6 +123,33 @@ def test_a_compiled_copy_per_thread_count_with_the_same_answers(minilm_path: str
     torch_only = make_adapter(_on(SPEC, "torch"), "cpu")
     torch_only.load(minilm_path)
     assert adapter.memory_bytes() >= 3 * torch_only.memory_bytes()
+
+
+def test_two_passes_side_by_side_give_the_answers_of_one_alone(minilm_path: str, st_model):
+    adapter = make_adapter(SPEC, "cpu")
+    adapter.load(minilm_path)
+    assert adapter.runs_side_by_side("embed", "")
+    assert not adapter.runs_side_by_side("embed", "my-lora")  # LoRA runs in torch
+    assert not adapter.runs_side_by_side("multivector", "")  # token vectors too
+    texts = [load("short")[:48], load("passages")[:12]]
+    alone = [embed(adapter, part, batch=12) for part in texts]
+    results: dict[int, np.ndarray] = {}
+
+    def beside(i: int) -> None:
+        with _openvino.side_by_side(2):
+            results[i] = embed(adapter, texts[i], batch=12)
+
+    threads = [threading.Thread(target=beside, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in (0, 1):
+        np.testing.assert_allclose(results[i], alone[i], atol=1e-5)
+        theirs = st_model.encode(texts[i], batch_size=12, normalize_embeddings=True)
+        np.testing.assert_allclose(results[i], theirs, atol=1e-5)
+    # One more compiled copy (two streams sharing the threads), counted in memory.
+    assert adapter._engine.compiled == 2
 
 
 def test_lora_requests_run_in_torch_and_the_base_in_openvino(
