@@ -117,9 +117,14 @@ class EncoderKind(WorkerKind):
         self._wake = asyncio.Event()
         self._loading: set[asyncio.Task] = set()
         self._scheduler: asyncio.Task | None = None
-        # Two forward threads for passes side by side; the planner lets a second pass start
-        # only beside one that allows it.
-        self._forward = ThreadPoolExecutor(2, thread_name_prefix="shoal-forward")
+        # The forward thread runs every pass alone, the first of two side by side, and the
+        # loader's work (loads, unloads, LoRA swaps: never during a pass on it); the second
+        # runs only a pass beside another, on the base model in an engine stream.
+        self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
+        self._beside = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward-beside")
+        self._on_forward_thread: asyncio.Task | None = None
+        self._passes: set[asyncio.Task] = set()
+        """Every pass task until it ends (the loop keeps only weak references to tasks)."""
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
         self._full_threads = torch.get_num_threads()
         w = settings.worker
@@ -198,11 +203,12 @@ class EncoderKind(WorkerKind):
     async def stop(self) -> None:
         if self._scheduler is not None:
             self._scheduler.cancel()
-        for task in self._running:
+        for task in self._passes:
             task.cancel()
         for task in self._loading:
             task.cancel()
         self._forward.shutdown(wait=False, cancel_futures=True)
+        self._beside.shutdown(wait=False, cancel_futures=True)
         self._tokenize.shutdown(wait=False, cancel_futures=True)
         self.loader.close()
 
@@ -349,10 +355,18 @@ class EncoderKind(WorkerKind):
                 self.core.signal_room()  # the inputs taken were queued room too
                 continue
             self.passes.started(kind)
-            task = asyncio.create_task(self._run_batch(model, key, batch, threads, kind))
+            # Counted running before any await: the loader must not evict it meanwhile.
+            model.running += 1
+            self.residency.touch(model.spec.id)
+            on_forward_thread = self._on_forward_thread is None
+            pool = self._forward if on_forward_thread else self._beside
+            task = asyncio.create_task(self._run_batch(model, key, batch, threads, kind, pool))
+            if on_forward_thread:
+                self._on_forward_thread = task
+            self._passes.add(task)
             self._running[task] = self._expected_end(model, batch, kind)
-            task.add_done_callback(functools.partial(self._pass_ended, kind))
-            self._after_start()
+            task.add_done_callback(functools.partial(self._pass_ended, model, batch, kind))
+            self._arm_pulls()
 
     def _may_pair(self, model: EncoderModel, key: BatcherKey) -> bool:
         """Whether the batch due may run beside another pass: live work, on an engine and
@@ -371,7 +385,7 @@ class EncoderKind(WorkerKind):
         per_token = model.seconds_per_token or math.inf
         return self._clock() + per_token * padded * (2 if kind is Pass.BESIDE else 1)
 
-    def _after_start(self) -> None:
+    def _arm_pulls(self) -> None:
         """Let pulls go on once the passes running are about to end (or at once, where a
         pass could start beside them)."""
         if not self._about_to_be_busy():
@@ -383,15 +397,35 @@ class EncoderKind(WorkerKind):
             asyncio.get_running_loop().call_later(max(0.0, delay), self.core.signal_room)
 
     def _forward_over(self, task: asyncio.Task | None, kind: Pass) -> None:
+        if self._on_forward_thread is task:
+            self._on_forward_thread = None
         if self._running.pop(task, None) is not None:  # type: ignore[arg-type]
             self.passes.computed(kind)
+            if self._running:  # the other pass's horizon now decides
+                self._arm_pulls()
 
-    def _pass_ended(self, kind: Pass, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("a forward pass failed outside its batch", exc_info=task.exception())
+    def _pass_ended(
+        self, model: EncoderModel, batch: list[Unit], kind: Pass, task: asyncio.Task
+    ) -> None:
+        self._passes.discard(task)
         self._forward_over(task, kind)  # if it ended before its forward (a LoRA failed)
         self.passes.ended(kind)
+        model.running -= 1
+        self.loader.notify_idle()
         self._signal()
+        if task.cancelled() or task.exception() is None:
+            return
+        # Not the model's inputs (those fail in `_fail_inputs`): answering them failed.
+        log.error("a forward pass failed outside its batch", exc_info=task.exception())
+        unanswered = [held for held in _jobs_of(batch) if not held.done]
+        if unanswered:
+            settling = asyncio.create_task(self._settle_all(unanswered, Outcome.INTERNAL))
+            self._passes.add(settling)
+            settling.add_done_callback(self._passes.discard)
+
+    async def _settle_all(self, jobs: list[HeldJob], outcome: Outcome) -> None:
+        for held in jobs:
+            await self.core.settle(held, outcome, "answering failed")
 
     def _next_due(self) -> tuple[tuple[EncoderModel, BatcherKey] | None, float | None]:
         """The batch due soonest on a resident model, if due now; else when one will be.
@@ -430,46 +464,51 @@ class EncoderKind(WorkerKind):
         return min(1.0, tokens / batcher.profile.max_batch_tokens)
 
     async def _run_batch(
-        self, model: EncoderModel, key: BatcherKey, batch: list[Unit], threads: int, kind: Pass
+        self,
+        model: EncoderModel,
+        key: BatcherKey,
+        batch: list[Unit],
+        threads: int,
+        kind: Pass,
+        pool: ThreadPoolExecutor,
     ) -> None:
-        model.running += 1
-        self.residency.touch(model.spec.id)
+        """One pass over `batch` on `pool`'s thread, its outputs scattered and answered
+        (`model.running` counts it from the scheduler until `_pass_ended`)."""
+        if key.lora and not await self._ensure_lora(model, key.lora, batch):
+            return
+        loop = asyncio.get_running_loop()
+        toks = [u.tok for u in batch]
+        padded = len(batch) * max(u.cost for u in batch)
+        started, wall_started = self._clock(), time.time()
+        beside = kind is Pass.BESIDE
         try:
-            if key.lora and not await self._ensure_lora(model, key.lora, batch):
-                return
-            loop = asyncio.get_running_loop()
-            toks = [u.tok for u in batch]
-            padded = len(batch) * max(u.cost for u in batch)
-            started, wall_started = self._clock(), time.time()
-            beside = kind is Pass.BESIDE
-            try:
-                outputs, errors = await loop.run_in_executor(
-                    self._forward,
-                    forward_isolating,
-                    *(model.adapter, key.op, key.lora, toks, threads, beside),
-                )
-            finally:
-                self._forward_over(asyncio.current_task(), kind)
-                self.core.signal_room()
-            seconds = self._clock() - started
-            fill = padded / max(1, model.spec.profile.max_batch_tokens)
-            self.metrics.batch(model.spec.id, key.op, len(batch), padded, seconds, fill)
-            if telemetry.tracing():
-                _note_forward(batch, wall_started, wall_started + seconds, padded)
-            if errors:
-                await self._fail_inputs(model, batch, errors)
-            else:
-                # The model's cost per token is a pass's alone (a pass beside another
-                # takes about twice as long on half the threads).
-                model.note_forward(seconds / 2 if beside else seconds, padded)
-            self.batches_run += 1
-            for unit, output in zip(batch, outputs, strict=True):
-                held = unit.held
-                if output is not None and not held.done and held.fill(unit.row, output):
-                    await self._answer(held, model)
+            outputs, errors = await loop.run_in_executor(
+                pool,
+                forward_isolating,
+                *(model.adapter, key.op, key.lora, toks, threads, beside),
+            )
         finally:
-            model.running -= 1
-            self.loader.notify_idle()
+            self._forward_over(asyncio.current_task(), kind)
+            self.core.signal_room()
+        seconds = self._clock() - started
+        fill = padded / max(1, model.spec.profile.max_batch_tokens)
+        self.metrics.batch(model.spec.id, key.op, len(batch), padded, seconds, fill)
+        if telemetry.tracing():
+            _note_forward(batch, wall_started, wall_started + seconds, padded)
+        if errors:
+            await self._fail_inputs(model, batch, errors)
+        else:
+            # The model's cost per token is a pass's alone (a pass beside another
+            # takes about twice as long on half the threads).
+            model.note_forward(seconds / 2 if beside else seconds, padded)
+        if beside and model.state == "resident":  # its first pass compiled the engine's
+            # two-stream copy: counted now
+            self.residency.resized(model.spec.id, model.adapter.memory_bytes())
+        self.batches_run += 1
+        for unit, output in zip(batch, outputs, strict=True):
+            held = unit.held
+            if output is not None and not held.done and held.fill(unit.row, output):
+                await self._answer(held, model)
 
     def _about_to_be_busy(self) -> bool:
         """Whether the forward passes running end beyond `_PULL_HORIZON` with no room for

@@ -121,8 +121,13 @@ class Loader:
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), 1.0)
-        for model in evict:
-            await self.evict(models[model])
+        # All marked first: only resident models run passes, and a pass started on one of
+        # them while another unloads could run beside its own unload.
+        doomed = [models[model] for model in evict if models[model].state == "resident"]
+        for model in doomed:
+            model.state = "unloaded"
+        for model in doomed:
+            await self._unload(model)
         started = time.monotonic()
         await self._run(self._pool, served.adapter.load, path)
         await self._run(self._forward, served.adapter.warmup)
@@ -138,7 +143,9 @@ class Loader:
         if served.state != "resident":
             return
         served.state = "unloaded"
+        await self._unload(served)
 
+    async def _unload(self, served: EncoderModel) -> None:
         def unload() -> None:
             served.adapter.unload()
             gc.collect()

@@ -76,6 +76,11 @@ class Residency:
         self.loads += 1
         self.touch(model)
 
+    def resized(self, model: str, size: int) -> None:
+        """A resident model now takes `size` bytes (an engine compiled another copy)."""
+        if model in self.resident and size:
+            self.resident[model] = size
+
     def evicted(self, model: str) -> None:
         if self.resident.pop(model, None) is not None:
             self.evictions += 1

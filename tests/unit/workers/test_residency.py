@@ -55,3 +55,14 @@ def test_loads_and_evictions_are_counted() -> None:
     r.evicted("a")
     r.evicted("a")  # already gone: not counted twice
     assert (r.loads, r.evictions, r.used) == (1, 1, 0)
+
+
+def test_a_model_that_grows_while_resident_counts_its_new_size() -> None:
+    """An engine's second compiled copy (passes side by side) is made after the load."""
+    r = make(300 * MB)
+    r.loaded("pin", 90 * MB)
+    r.loaded("a", 90 * MB)
+    r.resized("a", 180 * MB)
+    r.resized("gone", 50 * MB)  # not resident: nothing to count
+    assert r.used == 270 * MB and "gone" not in r.resident
+    assert r.plan("b", 90 * MB, busy=set()) == ["a"]
