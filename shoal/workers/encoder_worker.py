@@ -343,7 +343,7 @@ class EncoderKind(WorkerKind):
             model, key = due
             batcher = model.batchers[key]
             await self._drop_expired(batcher)
-            threads = model.spec.profile.threads or self._full_threads
+            threads = self._threads(model)
             share = 1.0
             if key.batch_lane:
                 live = self._live_traffic_about()
@@ -371,17 +371,20 @@ class EncoderKind(WorkerKind):
     def _may_pair(self, model: EncoderModel, key: BatcherKey) -> bool:
         """Whether the batch due may run beside another pass: live work, on an engine and
         op that allow it, with at least a thread per stream."""
-        threads = model.spec.profile.threads or self._full_threads
         return (
             not key.batch_lane
-            and threads >= 2
+            and self._threads(model) >= 2
             and model.adapter.runs_side_by_side(key.op, key.lora)
         )
+
+    def _threads(self, model: EncoderModel) -> int:
+        """The intra-op threads of `model`'s live passes (alone, or shared by two)."""
+        return model.spec.profile.threads or self._full_threads
 
     def _expected_end(self, model: EncoderModel, batch: list[Unit], kind: Pass) -> float:
         """When a pass over `batch` should end, from the model's measured cost per token
         (a pass beside another takes about twice as long); until measured, never."""
-        padded = len(batch) * max(u.cost for u in batch)
+        padded = _padded_tokens(batch)
         per_token = model.seconds_per_token or math.inf
         return self._clock() + per_token * padded * (2 if kind is Pass.BESIDE else 1)
 
@@ -478,7 +481,7 @@ class EncoderKind(WorkerKind):
             return
         loop = asyncio.get_running_loop()
         toks = [u.tok for u in batch]
-        padded = len(batch) * max(u.cost for u in batch)
+        padded = _padded_tokens(batch)
         started, wall_started = self._clock(), time.time()
         beside = kind is Pass.BESIDE
         try:
@@ -606,6 +609,11 @@ def _record_spans(held: HeldJob, model: str, publish_started: float, ended: floa
             ("shoal.result.publish", publish_started, ended, {}),
         ],
     )
+
+
+def _padded_tokens(batch: list[Unit]) -> int:
+    """Tokens a pass over `batch` computes: every row padded to the longest."""
+    return len(batch) * max(u.cost for u in batch)
 
 
 def _jobs_of(units: list[Unit]) -> list[HeldJob]:
