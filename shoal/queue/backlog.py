@@ -156,8 +156,12 @@ class BacklogMonitor:
             moved = finished - state.finished
             done = max(0, moved - state.unrun)
             state.unrun = max(0, state.unrun - moved)
-            if done and state.warming:
-                state.warming = False  # its window began before the first batch did
+            if done and (state.warming or now - state.progress_at > _STALLED):
+                # Its window began before the first batch did, or spans a stall (workers
+                # gone or loading): not a drain rate. Read as one, the first batch of a
+                # worker that replaced a dead one dragged the rate so low that requests
+                # were refused behind a backlog that drained in seconds.
+                state.warming = False
             elif done:
                 # Over the time since it last grew, so polls that fall between two
                 # slow batches average in instead of reading as a zero rate.
