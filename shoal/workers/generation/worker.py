@@ -240,6 +240,8 @@ class GenerationKind(WorkerKind):
             "batch_max": max((r.max_batch for r in runtimes), default=0),
             "active": sum(r.running for r in runtimes),
             "engines": {m.spec.id: m.runtime.engine_name for m in self.models.values()},
+            "sequences_drafted": sum(r.drafted for r in runtimes),
+            "drafted_moved": sum(r.drafted_moved for r in runtimes),
             **self.metrics.rates(),  # tokens/s; it runs no encoder batches
         }
 
@@ -363,19 +365,28 @@ class GenerationKind(WorkerKind):
             self._jobs.pop(running.key, None)
             await self.core.settle(running, Outcome.FAILED, f"generation failed: {error}")
             return
-        deltas = []
+        # One delta per choice per step: a speculative step brings several tokens of one
+        # choice, and a client reads a chunk's choice once (OpenAI never repeats an index).
+        texts: dict[int, list[str]] = {}
+        logprobs: dict[int, list[TokenLogprob]] = {}
+        finish: dict[int, str] = {}
         for e in events:
-            logprobs = []
+            texts.setdefault(e.choice, []).append(e.text)
+            chosen = logprobs.setdefault(e.choice, [])
             if e.token is not None and e.logprob is not None:
-                logprobs = [
+                chosen.append(
                     TokenLogprob(token=e.token, logprob=e.logprob, bytes=e.token_bytes, top=e.top)
-                ]
+                )
             running.completion_tokens += e.generated
-            deltas.append(
-                ChoiceDelta(index=e.choice, text=e.text, logprobs=logprobs, finish_reason=e.finish)
-            )
             if e.finish:
+                finish[e.choice] = e.finish
                 running.open.discard(e.choice)
+        deltas = [
+            ChoiceDelta(
+                index=i, text="".join(t), logprobs=logprobs[i], finish_reason=finish.get(i, "")
+            )
+            for i, t in texts.items()
+        ]
         done = not running.open
         self._note_tokens(model, running, sum(e.generated for e in events))
         if running.batch_lane:
