@@ -13,6 +13,8 @@ Targets:
   shoal               `shoal serve`'s shape (nats-server, a generation worker, the
                       gateway), its default engine (OpenVINO GenAI, float32), streamed
                       over HTTP through the gateway
+  shoal-nodraft       the same without speculative decoding of a lone greedy stream
+                      (`generator.openvino_draft_tokens = 0`)
   shoal-torch         the same with `engine = "torch"`: Shoal's transformers engine
   shoal-int8          the same with `weights = "int8"`: OpenVINO with int8 weights (not
                       exact; served once the load-time agreement check passes)
@@ -152,8 +154,8 @@ async def _http_round(url: str, model: str, chats: list, c: int, max_tokens: int
 
 
 @contextlib.contextmanager
-def _shoal(profile: dict[str, str]) -> Iterator[str]:
-    with local_stack(profile, model=GEN_MODEL, kind="generate") as stack:
+def _shoal(profile: dict[str, str], env: dict[str, str] | None = None) -> Iterator[str]:
+    with local_stack(profile, model=GEN_MODEL, kind="generate", env=env) as stack:
         yield stack.base
 
 
@@ -311,6 +313,8 @@ def _transformers_rounds(concurrency: list[int], chats: list, max_tokens: int, c
 def _served(target: str, threads: int):
     if target == "shoal":
         return _shoal({})
+    if target == "shoal-nodraft":
+        return _shoal({}, {"SHOAL_GENERATOR__OPENVINO_DRAFT_TOKENS": "0"})
     if target == "shoal-torch":
         return _shoal({"engine": "torch"})
     if target == "shoal-int8":

@@ -34,16 +34,17 @@ def local_stack(
     kind: str = "encode",
     spec: Path | None = None,
     tree: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Stack]:
     """Start everything on loopback in a temporary data dir, with one worker of `kind`
     serving `model`; yield where it listens. `spec` is a user model spec (for models
     beyond the built-in ones); `profile` overrides fields of `model`'s batching profile,
     e.g. `{"dtype": "bfloat16"}` (both reach the processes as one user spec file). `tree`:
     run the worker and gateway from another checkout of Shoal (before and after a change,
-    in one run)."""
+    in one run); `env`: settings for both processes (`SHOAL_...` variables)."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        env = {"SHOAL_WORKER__PINNED": model}  # loaded before /ready says ready
+        env = {"SHOAL_WORKER__PINNED": model, **(env or {})}  # pinned: loaded before ready
         if profile or spec:
             env["SHOAL_MODELS_FILE"] = str(_user_spec(tmp_path, model, profile or {}, spec))
         nats = EmbeddedNats(tmp_path / "nats").start()

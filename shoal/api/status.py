@@ -139,6 +139,8 @@ def _worker(beat: WorkerHeartbeat, now: float) -> dict[str, Any]:
         "tokens_per_s": beat.tokens_per_s,
         "forward_busy": round(beat.forward_busy, 3),
         "passes_side_by_side": beat.passes_side_by_side,
+        "sequences_drafted": beat.sequences_drafted,
+        "drafted_moved": beat.drafted_moved,
         "active": beat.active,
         "age_s": max(0.0, now - beat.sent_at),
     }

@@ -65,6 +65,8 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
     """What runs each resident model and in which precision."""
     forward_busy: float
     passes_side_by_side: int
+    sequences_drafted: int
+    drafted_moved: int
 
     @classmethod
     def of(cls, beat: WorkerHeartbeat) -> WorkerInfo:

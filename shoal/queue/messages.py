@@ -361,6 +361,12 @@ class WorkerHeartbeat(_Wire, tag="heartbeat", kw_only=True):
     passes_side_by_side: int = 0
     """Encoders: forward passes run so far beside another (two engine streams on a CPU,
     under load)."""
+    sequences_drafted: int = 0
+    """Generation: sequences decoded speculatively so far (alone, a draft model
+    proposing tokens the full model checks)."""
+    drafted_moved: int = 0
+    """Generation: of those, how many moved to the main batch midway (another sequence
+    arrived)."""
 
 
 class JobHeader(msgspec.Struct):

@@ -380,13 +380,35 @@ SEEDED_PROMPTS = [
 ]
 
 
+def _drafting(base: str) -> dict[str, int]:
+    """The generation worker's count of sequences decoded speculatively, and of those
+    moved to the main batch midway, from the status page."""
+    workers = httpx.get(f"{base}/status.json", timeout=10).json()["workers"]
+    [worker] = [w for w in workers if GEN_MODEL in w["resident"]]
+    return {"drafted": worker["sequences_drafted"], "moved": worker["drafted_moved"]}
+
+
+def _drafting_reaches(base: str, want: dict[str, int]) -> dict[str, int]:
+    """The counts once they reach `want` (heartbeats come each second), or as they are
+    after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        now = _drafting(base)
+        if all(now[k] >= v for k, v in want.items()) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.2)
+
+
 def test_the_default_cpu_engine_is_openvino_and_its_greedy_answers_equal_float32(
     stack, client, reference
 ) -> None:
     """The quality guard of the default runtime: OpenVINO GenAI in float32 gives the same
-    greedy answers as transformers' float32 `generate`, token for token, on a seeded set."""
+    greedy answers as transformers' float32 `generate`, token for token, on a seeded set.
+    Each request here runs alone, so each is decoded speculatively (the model's int8
+    copy drafts, the float32 model checks): the answers are still float32's."""
     models = {m["id"]: m for m in httpx.get(f"{stack}/v1/models", timeout=10).json()["data"]}
-    assert models[GEN_MODEL]["engine"] == "openvino float32"
+    assert models[GEN_MODEL]["engine"] == "openvino float32, int8 draft when alone"
+    before = _drafting(stack)
     for messages in SEEDED_PROMPTS:
         r = client.chat.completions.create(
             model=GEN_MODEL, messages=messages, max_tokens=32, temperature=0
@@ -395,6 +417,38 @@ def test_the_default_cpu_engine_is_openvino_and_its_greedy_answers_equal_float32
         assert r.choices[0].message.content == text, messages
         stopped = r.choices[0].finish_reason == "stop"  # `generate` counts the EOS token too
         assert r.usage.completion_tokens == generated - stopped
+    want = {"drafted": before["drafted"] + len(SEEDED_PROMPTS)}
+    assert _drafting_reaches(stack, want)["drafted"] >= want["drafted"]
+
+
+def test_a_drafted_stream_moves_to_the_batch_when_another_arrives_and_answers_the_same(
+    stack, client, reference
+) -> None:
+    """A lone greedy stream is decoded speculatively; a second request arriving midway
+    moves it to the main batch, continuing from the tokens it has. Both answers equal
+    transformers' float32 greedy ones, and the stream holds each token once."""
+    story = [{"role": "user", "content": "Write a story about a fish."}]
+    before = _drafting(stack)
+    stream = client.chat.completions.create(
+        model=GEN_MODEL, messages=story, max_tokens=120, temperature=0, stream=True
+    )
+    parts: list[str] = []
+    other = None
+    for chunk in stream:
+        # Several tokens of one step come as one choice: OpenAI never repeats an index.
+        assert len({c.index for c in chunk.choices}) == len(chunk.choices), chunk
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if other is None and len(parts) >= 8:
+            other = client.chat.completions.create(
+                model=GEN_MODEL, messages=QUESTION, max_tokens=24, temperature=0
+            )
+    assert other is not None
+    assert "".join(parts) == reference(story, max_tokens=120)[0]
+    assert other.choices[0].message.content == reference(QUESTION, max_tokens=24)[0]
+    want = {"drafted": before["drafted"] + 1, "moved": before["moved"] + 1}
+    now = _drafting_reaches(stack, want)
+    assert now["drafted"] >= want["drafted"] and now["moved"] >= want["moved"], (before, now)
 
 
 def test_logprobs_agree_between_openvino_and_the_transformers_engine(client) -> None:

@@ -69,5 +69,6 @@ def test_int8_weights_serve_only_above_the_agreement_floor(
     # A floor the compressed weights cannot reach: the model serves at full precision.
     strict = env | {"SHOAL_GENERATOR__MIN_WEIGHT_AGREEMENT": "1.0"}
     engine, log = _serve(nats_server.url, tmp_path, strict)
-    assert engine == "openvino float32"
+    # The int8 copy still drafts for a lone greedy stream: the float32 model checks it.
+    assert engine == "openvino float32, int8 draft when alone"
     assert "int8 weights not served" in log and "below 1.000" in log

@@ -31,6 +31,13 @@ tokens/s on a CPU, once weight_guard.py has measured that it picks the same next
 the full model often enough on its probe chats; LoRA and `top_logprobs` requests still go
 to the transformers engine at full precision.
 
+Speculative decoding (`generator.openvino_draft_tokens`, 4 by default): a greedy sequence
+that runs alone is decoded by a second pipeline in the same process, where the model's
+int8 export drafts tokens and the float32 model checks them (openvino_host.py says how,
+and how the sequence moves to the main batch once another arrives). Answers stay the
+float32 model's; one stream runs ~1.4x faster on a 2-core EPYC, and keeping the second
+pipeline loaded costs ~5-10% of the batch's tokens/s there (measured, cause not found).
+
 The model's OpenVINO IR is made once from the model's transformers directory by
 `optimum-cli export openvino` (optimum-intel), which pins a transformers older than
 Shoal's, so it runs from its own environment (`generator.openvino_export_command`, by
@@ -70,6 +77,7 @@ log = logging.getLogger(__name__)
 _EXPORT_TIMEOUT = 3600.0
 _SMALLEST_TOP_P = 1e-30  # a normal float32, far below any top_p that keeps two tokens
 _SMALLEST_TEMPERATURE = 1e-30  # below it sampling is greedy in any float precision
+_KV_BLOCK = 32  # tokens per KV-cache block of GenAI's CPU paged attention
 _RESTARTS = 3  # a pipeline process that dies more often than this ...
 _RESTART_WINDOW_S = 600.0  # ... within this is not restarted again
 
@@ -174,6 +182,7 @@ class OpenVINORuntime(GenerationRuntime):
         self._stopping = False
         self._max_batch = 0
         self._weights: str | None = None  # int8 weights served: how close they measured
+        self._assisted = False  # a lone greedy sequence is decoded speculatively
         self._host_args: tuple = ()
         self._backlog: list[tuple] | None = None
         """While the pipeline's process restarts: what to send it once it is up."""
@@ -207,7 +216,8 @@ class OpenVINORuntime(GenerationRuntime):
         properties: dict[str, object] = {"INFERENCE_NUM_THREADS": self._threads}
         if exact:
             properties |= {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
-        self._host_args = (str(ir), scheduler, properties)
+        assist = self._assist(path) if self._weights is None else None
+        self._host_args = (str(ir), scheduler, properties, assist)
         self._spawn()
         log.info(
             "OpenVINO runtime for %s: %d threads, %s, up to %d sequences, in process %d",
@@ -241,12 +251,14 @@ class OpenVINORuntime(GenerationRuntime):
         process.start()
         theirs.close()
         try:
-            answer = conn.recv()
+            while (answer := conn.recv())[0] == "warning":
+                log.warning("%s: %s", self.spec.id, answer[1])
         except EOFError:
             answer = ("failed", f"the OpenVINO process exited ({process.exitcode})")
         if answer[0] != "ready":
             process.join(timeout=5)
             raise RuntimeError(f"OpenVINO could not load {self.spec.id}: {answer[1]}")
+        self._assisted = answer[1]
         with self._lock:
             if self._stopping:
                 process.kill()
@@ -285,7 +297,9 @@ class OpenVINORuntime(GenerationRuntime):
             seq = _Sequence(req, rid, TextTracker(self._decode, list(req.sampling.stop)))
             with self._lock:
                 self._active[rid] = seq
-            if not self._send(("add", rid, req.prompt_ids, _fields(req))):
+            alone = len(mine) == 1 and _may_assist(req)  # a job of n choices never drafts
+            message = ("add", rid, req.prompt_ids, _fields(req), alone)
+            if not self._send(message):
                 self._fail([seq], "the OpenVINO process is gone")
 
     def cancel(self, job: str) -> None:
@@ -310,7 +324,26 @@ class OpenVINORuntime(GenerationRuntime):
         precision = "float32" if self.spec.profile.dtype == "float32" else "the CPU's fastest"
         if self._weights is not None:
             return f"openvino {precision}, int8 weights ({self._weights})"
+        if self._assisted:
+            return f"openvino {precision}, int8 draft when alone"
         return f"openvino {precision}"
+
+    def _assist(self, path: str) -> dict[str, object] | None:
+        """The lone-sequence speculative pipeline's arguments (openvino_host.py says
+        how it runs), or None: switched off, or no int8 draft could be exported."""
+        tokens = self._settings.openvino_draft_tokens
+        if tokens <= 0:
+            return None
+        try:
+            draft = openvino_ir(path, self._cache_dir, export_command(self._settings), "int8")
+        except Exception as exc:
+            log.warning("%s: no int8 draft (%s): no speculative decoding", self.spec.id, exc)
+            return None
+        # One sequence at a time, so a small cache: the context, for the model and draft.
+        blocks = 2 * -(-self._context // _KV_BLOCK) + 8
+        scheduler = {"num_kv_blocks": blocks, "cache_size": 0, "max_num_seqs": 2,
+                     "dynamic_split_fuse": True, "enable_prefix_caching": True}  # fmt: skip
+        return {"draft": str(draft), "scheduler": scheduler, "tokens": tokens}
 
     def _compressed_if_close(self, path: str, full: Path) -> Path:
         """The int8 IR if it agrees with `full` enough on the probe chats, else `full`
@@ -365,6 +398,7 @@ class OpenVINORuntime(GenerationRuntime):
                 continue
             if message[0] == "step":
                 self._max_batch = max(self._max_batch, message[2])
+                self.drafted, self.drafted_moved = message[3], message[4]
                 self._collect(message[1])
             elif message[0] == "refused":
                 log.error("OpenVINO refused a request: %s", message[2])
@@ -500,6 +534,21 @@ def _fields(req: SequenceRequest) -> dict[str, object]:
     if s.json_schema:
         fields["json_schema"] = s.json_schema
     return fields
+
+
+def _may_assist(req: SequenceRequest) -> bool:
+    """Whether a draft may propose this sequence's tokens: only where the full model's
+    check alone picks each token (greedy), and where moving the sequence to the main
+    pipeline midway, as a longer prompt, changes nothing: penalties count generated
+    tokens only, a schema's grammar would start again. GenAI's assisted sampling failed
+    its own checks when tried (2026.4.1)."""
+    s = req.sampling
+    return (
+        s.temperature <= _SMALLEST_TEMPERATURE
+        and not s.presence_penalty
+        and not s.frequency_penalty
+        and not s.json_schema
+    )
 
 
 def _needs_torch(req: SequenceRequest) -> bool:

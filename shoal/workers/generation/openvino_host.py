@@ -7,12 +7,28 @@ ack, a token published) waited for the running step, and a live request behind a
 job waited several steps before its first token. Here the step runs in a child process;
 the worker's process only sends requests and reads token ids.
 
+Speculative decoding for a lone sequence: one sequence reads every weight per token, so
+a single stream is bound by memory bandwidth. Where the runtime gives a draft (the same
+model with int8 weights), a second pipeline runs it as GenAI's assisted generation: the
+draft proposes `tokens` tokens, the full model checks them in one pass and keeps the ones
+it would have picked itself, so a greedy answer is the full model's (SmolLM2-135M on a
+2-core EPYC: 1.4x one stream's tokens/s). Checking drafts costs compute a batch needs,
+and that pipeline takes only assisted requests, so it serves a sequence only while it is
+the only one: a request that may be assisted (greedy, no penalties, no schema: the
+runtime decides) goes there when nothing else runs, and as soon as any other sequence
+arrives the assisted one moves to the main pipeline, continuing from its prompt and the
+tokens it has so far (a greedy continuation of the same text is the same answer).
+
 The protocol (tuples over a `multiprocessing` pipe, one writer each way):
-- to the host: `("add", rid, prompt_ids, fields)`, `("cancel", rid)`, `("stop",)`;
-- from the host: `("ready",)` once loaded, or `("failed", message)`; after each
-  step `("step", [(rid, token_ids, logprobs, state), ...], batch_size)` where state is
-  `running`, `done` or `ignored`; `("refused", rid, message)` for a request the pipeline
-  would not take; `("failed", message)` when a step raised (every sequence is dropped).
+- to the host: `("add", rid, prompt_ids, fields, may_assist)`, `("cancel", rid)`,
+  `("stop",)`;
+- from the host: `("ready", assisted)` once loaded (whether the draft pipeline loaded
+  too; `("warning", message)` before it says why not), or `("failed", message)`; after
+  each round of steps `("step", [(rid, token_ids, logprobs, state), ...], batch_size,
+  drafted, moved)` where state is `running`, `done` or `ignored` and the last two count
+  sequences decoded speculatively and moved so far;
+  `("refused", rid, message)` for a request the pipeline would not take; `("failed",
+  message)` when a step raised (every sequence is dropped).
 """
 
 from __future__ import annotations
@@ -24,8 +40,30 @@ from typing import Any
 __all__ = ["host"]
 
 
-def host(conn: Connection, ir: str, scheduler: dict[str, Any], properties: dict) -> None:
-    """The child process's whole life: load the pipeline, then step while there is work."""
+class _Sequence:
+    """A sequence in one of the pipelines: enough to move it to the other."""
+
+    __slots__ = ("assisted", "fields", "generated", "handle", "ids")
+
+    def __init__(self, handle: Any, ids: list[int], fields: dict, assisted: bool) -> None:
+        self.handle = handle
+        self.ids = ids
+        self.fields = fields
+        self.assisted = assisted
+        self.generated: list[int] = []
+
+
+def host(
+    conn: Connection,
+    ir: str,
+    scheduler: dict[str, Any],
+    properties: dict,
+    assist: dict[str, Any] | None = None,
+) -> None:
+    """The child process's whole life: load the pipelines, then step while there is work.
+
+    `assist`: `{"draft": IR path, "scheduler": {...}, "tokens": n}` for the lone-sequence
+    speculative pipeline, or None."""
     from ...lifecycle import die_with_parent
 
     die_with_parent()  # the worker's last-resort exit must not leave the pipeline running
@@ -37,56 +75,103 @@ def host(conn: Connection, ir: str, scheduler: dict[str, Any], properties: dict)
         import openvino as ov
         import openvino_genai as og
 
-        config = og.SchedulerConfig()
-        for name, value in scheduler.items():
-            setattr(config, name, value)
-        pipe = og.ContinuousBatchingPipeline(ir, config, "CPU", properties)
+        pipe = og.ContinuousBatchingPipeline(ir, _scheduler(og, scheduler), "CPU", properties)
     except Exception as exc:  # the parent turns this into the load's error
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready",))
-    handles: dict[int, Any] = {}
+    assisted = None
+    if assist is not None:
+        try:
+            draft = og.draft_model(assist["draft"], "CPU", **properties)
+            assisted = og.ContinuousBatchingPipeline(
+                ir, _scheduler(og, assist["scheduler"]), "CPU", properties | {"draft_model": draft}
+            )
+        except Exception as exc:  # the main pipeline serves alone
+            conn.send(("warning", f"no speculative decoding: {type(exc).__name__}: {exc}"))
+    conn.send(("ready", assisted is not None))
+    seqs: dict[int, _Sequence] = {}
+    drafted = moved = 0  # sequences decoded speculatively, and moved midway, so far
     states = {og.GenerationStatus.RUNNING: "running", og.GenerationStatus.IGNORED: "ignored"}
+
+    def add(rid: int, ids: list[int], fields: dict, to_assisted: bool) -> _Sequence:
+        config = _config(og, fields)
+        if to_assisted:
+            config.num_assistant_tokens = assist["tokens"]
+        target = assisted if to_assisted else pipe
+        tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
+        return _Sequence(target.add_request(rid, tensor, config), ids, fields, to_assisted)
+
+    def move_assisted() -> None:
+        """Another sequence arrived: the assisted one continues in the main pipeline."""
+        nonlocal moved
+        for rid, seq in list(seqs.items()):
+            if not seq.assisted:
+                continue
+            seq.handle.cancel()
+            fields = dict(seq.fields)
+            fields["max_new_tokens"] -= len(seq.generated)
+            if fields["max_new_tokens"] <= 0:  # all its tokens are out: the runtime ends it
+                del seqs[rid]
+                continue
+            seqs[rid] = add(rid, seq.ids + seq.generated, fields, False)
+            seqs[rid].generated = seq.generated
+            moved += 1
+            assisted.step()  # drops the cancelled request, freeing its KV blocks
+
     while True:
         # Block for a message while idle; between steps, take whatever has come.
-        while not handles or conn.poll(0):
+        while not seqs or conn.poll(0):
             message = conn.recv()
             if message[0] == "stop":
-                for handle in handles.values():
-                    handle.cancel()
+                for seq in seqs.values():
+                    seq.handle.cancel()
                 return
             if message[0] == "cancel":
-                handle = handles.pop(message[1], None)
-                if handle is not None:
-                    handle.cancel()  # leaves the batch, frees its KV blocks next step
+                seq = seqs.pop(message[1], None)
+                if seq is not None:
+                    seq.handle.cancel()  # leaves the batch, frees its KV blocks next step
                 continue
-            _, rid, ids, fields = message
+            _, rid, ids, fields, may_assist = message
             try:
-                tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
-                handles[rid] = pipe.add_request(rid, tensor, _config(og, fields))
+                alone = assisted is not None and may_assist and not seqs
+                if not alone:
+                    move_assisted()
+                seqs[rid] = add(rid, ids, fields, alone)
+                drafted += alone
             except Exception as exc:  # one request the pipeline refuses fails alone
                 conn.send(("refused", rid, str(exc)))
         try:
-            pipe.step()
+            if any(not s.assisted for s in seqs.values()):
+                pipe.step()
+            if assisted is not None and any(s.assisted for s in seqs.values()):
+                assisted.step()
             out = []
-            for rid, handle in list(handles.items()):
-                status = handle.get_status()
+            for rid, seq in list(seqs.items()):
+                status = seq.handle.get_status()
                 tokens: list[int] = []
                 logprobs: list[float] = []
-                if handle.can_read():
-                    for output in handle.read().values():
+                if seq.handle.can_read():
+                    for output in seq.handle.read().values():
                         tokens += list(output.generated_ids)
                         logprobs += list(output.generated_log_probs or [])
+                seq.generated += tokens
                 state = states.get(status, "done")
                 if state != "running":
-                    del handles[rid]
+                    del seqs[rid]
                 out.append((rid, tokens, logprobs, state))
-            conn.send(("step", out, len(out)))
+            conn.send(("step", out, len(out), drafted, moved))
         except Exception as exc:
-            for handle in handles.values():
-                handle.cancel()
-            handles.clear()
+            for seq in seqs.values():
+                seq.handle.cancel()
+            seqs.clear()
             conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+
+
+def _scheduler(og, fields: dict[str, Any]):
+    config = og.SchedulerConfig()
+    for name, value in fields.items():
+        setattr(config, name, value)
+    return config
 
 
 def _config(og, fields: dict[str, Any]):

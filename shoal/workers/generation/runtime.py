@@ -30,6 +30,10 @@ class GenerationRuntime(ABC):
 
     tokenizer: Any
     """The model's transformers tokenizer, loaded by `start`."""
+    drafted = 0
+    """Sequences decoded speculatively so far (a draft model proposing tokens)."""
+    drafted_moved = 0
+    """Of those, how many moved to the main batch midway."""
 
     def __init__(self, spec: ModelSpec, max_running: int) -> None:
         self.spec = spec
