@@ -113,7 +113,12 @@ def host(
             if fields["max_new_tokens"] <= 0:  # all its tokens are out: the runtime ends it
                 del seqs[rid]
                 continue
-            seqs[rid] = add(rid, seq.ids + seq.generated, fields, False)
+            try:
+                seqs[rid] = add(rid, seq.ids + seq.generated, fields, False)
+            except Exception as exc:  # it fails alone, as a refused request would
+                del seqs[rid]
+                conn.send(("refused", rid, str(exc)))
+                continue
             seqs[rid].generated = seq.generated
             moved += 1
             assisted.step()  # drops the cancelled request, freeing its KV blocks
@@ -130,6 +135,8 @@ def host(
                 seq = seqs.pop(message[1], None)
                 if seq is not None:
                     seq.handle.cancel()  # leaves the batch, frees its KV blocks next step
+                    if seq.assisted:  # that pipeline steps again only for the next one
+                        assisted.step()
                 continue
             _, rid, ids, fields, may_assist = message
             try:
