@@ -398,7 +398,8 @@ class OpenVINORuntime(GenerationRuntime):
                 continue
             if message[0] == "step":
                 self._max_batch = max(self._max_batch, message[2])
-                self.drafted, self.drafted_moved = message[3], message[4]
+                self.drafted += message[3]
+                self.drafted_moved += message[4]
                 self._collect(message[1])
             elif message[0] == "refused":
                 log.error("OpenVINO refused a request: %s", message[2])

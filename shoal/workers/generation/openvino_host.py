@@ -26,7 +26,8 @@ The protocol (tuples over a `multiprocessing` pipe, one writer each way):
   too; `("warning", message)` before it says why not), or `("failed", message)`; after
   each round of steps `("step", [(rid, token_ids, logprobs, state), ...], batch_size,
   drafted, moved)` where state is `running`, `done` or `ignored` and the last two count
-  sequences decoded speculatively and moved so far;
+  sequences sent to the draft and moved from it since the last `step` (counts, not
+  totals: a restarted process starts from zero and the worker's totals go on);
   `("refused", rid, message)` for a request the pipeline would not take; `("failed",
   message)` when a step raised (every sequence is dropped).
 """
@@ -90,7 +91,7 @@ def host(
             conn.send(("warning", f"no speculative decoding: {type(exc).__name__}: {exc}"))
     conn.send(("ready", assisted is not None))
     seqs: dict[int, _Sequence] = {}
-    drafted = moved = 0  # sequences decoded speculatively, and moved midway, so far
+    drafted = moved = 0  # sequences sent to the draft, and moved from it, since last told
     states = {og.GenerationStatus.RUNNING: "running", og.GenerationStatus.IGNORED: "ignored"}
 
     def add(rid: int, ids: list[int], fields: dict, to_assisted: bool) -> _Sequence:
@@ -148,10 +149,9 @@ def host(
             except Exception as exc:  # one request the pipeline refuses fails alone
                 conn.send(("refused", rid, str(exc)))
         try:
-            if any(not s.assisted for s in seqs.values()):
-                pipe.step()
-            if assisted is not None and any(s.assisted for s in seqs.values()):
-                assisted.step()
+            # A drafted sequence only ever runs alone (an arrival moves it): one pipeline.
+            drafting = any(s.assisted for s in seqs.values())
+            (assisted if drafting else pipe).step()
             out = []
             for rid, seq in list(seqs.items()):
                 status = seq.handle.get_status()
@@ -167,6 +167,7 @@ def host(
                     del seqs[rid]
                 out.append((rid, tokens, logprobs, state))
             conn.send(("step", out, len(out), drafted, moved))
+            drafted = moved = 0
         except Exception as exc:
             for seq in seqs.values():
                 seq.handle.cancel()
