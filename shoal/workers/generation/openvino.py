@@ -35,8 +35,9 @@ Speculative decoding (`generator.openvino_draft_tokens`, 4 by default): a greedy
 that runs alone is decoded by a second pipeline in the same process, where the model's
 int8 export drafts tokens and the float32 model checks them (openvino_host.py says how,
 and how the sequence moves to the main batch once another arrives). Answers stay the
-float32 model's; one stream runs ~1.4x faster on a 2-core EPYC, and keeping the second
-pipeline loaded costs ~5-10% of the batch's tokens/s there (measured, cause not found).
+float32 model's; one stream runs ~1.4x faster on a 2-core EPYC. The second pipeline
+takes ~1 GB; a 3-10% loss at 8-32 streams with it loaded, seen in every run of one
+session there, was gone hours later on the same VM (perf/results/README.md).
 
 The model's OpenVINO IR is made once from the model's transformers directory by
 `optimum-cli export openvino` (optimum-intel), which pins a transformers older than
