@@ -175,18 +175,21 @@ def host(
             conn.send(("failed", f"{type(exc).__name__}: {exc}"))
 
 
-def _scheduler(og, fields: dict[str, Any]):
-    config = og.SchedulerConfig()
+def _filled(config: Any, fields: dict[str, Any]) -> Any:
+    """`config` (one of GenAI's config objects, set by attribute) with `fields` set."""
     for name, value in fields.items():
         setattr(config, name, value)
     return config
 
 
+def _scheduler(og, fields: dict[str, Any]):
+    return _filled(og.SchedulerConfig(), fields)
+
+
 def _config(og, fields: dict[str, Any]):
-    config = og.GenerationConfig()
-    for name, value in fields.items():
-        if name == "json_schema":
-            config.structured_output_config = og.StructuredOutputConfig(json_schema=value)
-        else:
-            setattr(config, name, value)
+    fields = dict(fields)
+    schema = fields.pop("json_schema", None)
+    config = _filled(og.GenerationConfig(), fields)
+    if schema is not None:
+        config.structured_output_config = og.StructuredOutputConfig(json_schema=schema)
     return config
