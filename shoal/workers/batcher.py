@@ -17,7 +17,9 @@ pending units closest to it in length, up to `max_batch_items` and while the pad
 pending pool rather than cutting FIFO rounds keeps padding small: on short queries of
 10-30 tokens, FIFO rounds of 64 ran the model at 0.73 of its speed on fully length-sorted
 batches, while this choice from a pool of four batches matched it (perf/batch_padding.py,
-results in perf/results/). The worker keeps about four batches pending for this.
+results in perf/results/). The worker keeps about four batches pending for this. Where
+the engine packs a batch's inputs into rows (adapters/_packing.py) padding costs little
+either way; the choice still serves the padded paths (torch, LoRA, NER).
 """
 
 from __future__ import annotations

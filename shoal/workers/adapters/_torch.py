@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from ._guard import EXACT_FLOOR, PROBE_TEXTS, QUALITY_FLOOR, worst_cosine
-from .base import EncoderAdapter, pad_batch
+from ._packing import PackedGraph, pack, packed_inputs
+from .base import EncoderAdapter, Tokenized, pad_batch
 
 if TYPE_CHECKING:
     from ._openvino import OpenVinoGraph
@@ -85,6 +86,8 @@ class TorchAdapter(EncoderAdapter):
     device: str = "cpu"
     _autocast: torch.dtype | None = None
     _engine: OpenVinoGraph | None = None
+    _packed: PackedGraph | None = None
+    """The packed forward the engine runs, where it runs one (`_compile_graph`)."""
 
     def _set_precision(self, model: torch.nn.Module) -> None:
         """Apply the profile's dtype to a freshly loaded `model` (on `self.device`)."""
@@ -112,40 +115,43 @@ class TorchAdapter(EncoderAdapter):
             stack.enter_context(torch.autocast("cpu", dtype=self._autocast))
         return stack
 
-    def _compile_graph(self, graph: torch.nn.Module, example: Mapping[str, np.ndarray]) -> None:
+    def _compile_graph(
+        self,
+        graph: torch.nn.Module,
+        example: Mapping[str, np.ndarray],
+        packed: PackedGraph | None = None,
+    ) -> None:
         """Hand `graph` (the adapter's main forward, taking `example`'s inputs by name) to
         the profile's engine; called by `load`, after the tokenizer is set.
 
         `auto` picks OpenVINO on a CPU where it is installed and its outputs on the probe
         texts keep the floor against float32 torch (`EXACT_FLOOR` at float32, the quality
-        floor in bf16, which only a profile asks for); else torch. A GPU runs torch."""
+        floor in bf16, which only a profile asks for); else torch. A GPU runs torch.
+
+        `packed`, the same forward on packed rows (`_packing`), is what the engine runs
+        instead wherever it keeps that floor against `graph` in float32 torch, checked
+        whatever the profile (packing is right only for models that take positions and a
+        mask as given); else the engine runs `graph` on padded batches."""
         self._engine = None
-        wanted = self.spec.profile.engine
-        if wanted == "torch":
-            return
-        if self.device != "cpu":
-            if wanted == "openvino":
-                log.warning(
-                    "model %s: the openvino engine is for CPUs; serving with torch on %s",
-                    self.spec.id,
-                    self.device,
-                )
+        self._packed = None
+        if not self._engine_allowed():
             return
         from . import _openvino
 
-        if not _openvino.available():
-            if wanted == "openvino":
-                raise RuntimeError(
-                    f"model {self.spec.id!r}: engine 'openvino' needs the openvino package "
-                    "(pip install 'shoal[encoder]')"
-                )
-            log.info("model %s: engine auto: torch (openvino is not installed)", self.spec.id)
-            return
         bf16 = self._openvino_bf16()
+        floor = QUALITY_FLOOR if bf16 else EXACT_FLOOR
+        names = list(example)
+        if packed is not None and not self.tokenizer.pad_left:  # type: ignore[attr-defined]
+            engine = self._compile_packed(packed, graph, names, bf16, floor)
+            if engine is not None:
+                self._engine, self._packed = engine, packed
+                return
         compiled = _openvino.OpenVinoGraph(graph, example, bf16=bf16)
-        if wanted == "auto":
-            worst = self._probe_agreement(graph, compiled, list(example))
-            floor = QUALITY_FLOOR if bf16 else EXACT_FLOOR
+        if self.spec.profile.engine == "auto":
+            threads = torch.get_num_threads()
+            worst = self._probe_agreement(
+                graph, names, lambda rows: compiled(self._padded(rows, names), threads)
+            )
             choice = "openvino" if worst >= floor else "torch"
             (log.info if choice == "openvino" else log.warning)(
                 "model %s: engine auto: %s (openvino %s kept a worst cosine of %.7f to "
@@ -160,23 +166,109 @@ class TorchAdapter(EncoderAdapter):
                 return
         self._engine = compiled
 
+    def _compile_packed(
+        self,
+        packed: PackedGraph,
+        graph: torch.nn.Module,
+        names: list[str],
+        bf16: bool,
+        floor: float,
+    ) -> OpenVinoGraph | None:
+        """`packed` compiled, if its outputs on the probe texts packed several to a row keep
+        `floor` against float32 torch's `graph` on them padded; else None, saying why."""
+        from . import _openvino
+
+        tokenizer = self.tokenizer  # type: ignore[attr-defined]
+        types = "token_type_ids" in names
+
+        def rows_in(rows: Sequence[Tokenized]) -> dict[str, np.ndarray]:
+            return packed_inputs(pack(rows, tokenizer.pad_id, packed.alpha), types)
+
+        precision = "bf16" if bf16 else "f32"
+        try:
+            engine = _openvino.OpenVinoGraph(packed, rows_in(tokenizer.texts(["a", "b"])), bf16)
+            threads = torch.get_num_threads()
+            worst = self._probe_agreement(graph, names, lambda rows: engine(rows_in(rows), threads))
+        except Exception as exc:  # parts that do not fit together: padded it is
+            log.warning(
+                "model %s: packed rows off (%s: %s); padded batches instead",
+                self.spec.id,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        if worst < floor:
+            log.warning(
+                "model %s: packed rows off: openvino %s on them kept a worst cosine of %.7f "
+                "to float32 torch on the probe texts (floor %s); padded batches instead",
+                self.spec.id,
+                precision,
+                worst,
+                floor,
+            )
+            return None
+        log.info(
+            "model %s: engine %s: openvino %s on packed rows (worst cosine %.7f to float32 "
+            "torch on the probe texts; floor %s)",
+            self.spec.id,
+            self.spec.profile.engine,
+            precision,
+            worst,
+            floor,
+        )
+        return engine
+
+    def _engine_allowed(self) -> bool:
+        """Whether the profile and this machine let the OpenVINO engine run the model
+        (`engine = "openvino"` without the package is an error; `auto` says why not)."""
+        wanted = self.spec.profile.engine
+        if wanted == "torch":
+            return False
+        if self.device != "cpu":
+            if wanted == "openvino":
+                log.warning(
+                    "model %s: the openvino engine is for CPUs; serving with torch on %s",
+                    self.spec.id,
+                    self.device,
+                )
+            return False
+        from . import _openvino
+
+        if not _openvino.available():
+            if wanted == "openvino":
+                raise RuntimeError(
+                    f"model {self.spec.id!r}: engine 'openvino' needs the openvino package "
+                    "(pip install 'shoal[encoder]')"
+                )
+            log.info("model %s: engine auto: torch (openvino is not installed)", self.spec.id)
+            return False
+        return True
+
+    def _padded(self, rows: Sequence[Tokenized], names: list[str]) -> dict[str, np.ndarray]:
+        """`rows` as one padded batch, the inputs in `names`."""
+        tokenizer = self.tokenizer  # type: ignore[attr-defined]
+        ids, mask, types = pad_batch(rows, tokenizer.pad_id, tokenizer.pad_left)
+        every = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        return {name: every[name] for name in names}
+
     def _probe_agreement(
-        self, graph: torch.nn.Module, compiled: OpenVinoGraph, names: list[str]
+        self,
+        graph: torch.nn.Module,
+        names: list[str],
+        candidate: Callable[[list[Tokenized]], np.ndarray],
     ) -> float:
-        """Worst cosine between `compiled` and float32 torch on `PROBE_TEXTS`: once as one
-        padded batch, once the first text alone (no padding)."""
+        """Worst cosine between `candidate(rows)` and float32 torch's `graph` on padded
+        `PROBE_TEXTS`: all of them (padded, or packed several to a row), then the first
+        alone."""
         tokenizer = self.tokenizer  # type: ignore[attr-defined] - every torch adapter has one
         rows = tokenizer.texts(list(PROBE_TEXTS))
         worst = 1.0
-        threads = torch.get_num_threads()
         for batch in (rows, rows[:1]):
-            ids, mask, types = pad_batch(batch, tokenizer.pad_id, tokenizer.pad_left)
-            every = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            inputs = {name: every[name] for name in names}
             with torch.inference_mode():
-                tensors = {name: torch.from_numpy(a) for name, a in inputs.items()}
+                padded = self._padded(batch, names)
+                tensors = {name: torch.from_numpy(a) for name, a in padded.items()}
                 exact = graph(**tensors).float().numpy()
-            worst = min(worst, worst_cosine(exact, compiled(inputs, threads)))
+            worst = min(worst, worst_cosine(exact, candidate(batch)))
         return worst
 
     def _run(self, graph: torch.nn.Module, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -188,6 +280,19 @@ class TorchAdapter(EncoderAdapter):
         with self._compute():
             tensors = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
             return graph(**tensors).float().cpu().numpy()
+
+    def _runs_packed(self) -> bool:
+        """Whether the next forward of the main graph runs packed: the engine runs packed
+        rows, and no LoRA adapter is active (those run padded, in torch)."""
+        return self._packed is not None and not (self.lora and self.lora.active_name)
+
+    def _run_packed(self, rows: Sequence[Tokenized], types: bool) -> np.ndarray:
+        """The main graph's outputs for `rows`, packed, in the engine (`types`: whether the
+        model takes token type ids)."""
+        assert self._engine is not None and self._packed is not None
+        tokenizer = self.tokenizer  # type: ignore[attr-defined]
+        packed = pack(rows, tokenizer.pad_id, self._packed.alpha)
+        return self._engine(packed_inputs(packed, types), torch.get_num_threads())
 
     def runs_side_by_side(self, op: str, lora: str) -> bool:
         return self._engine is not None and not lora and self._on_engine(op)

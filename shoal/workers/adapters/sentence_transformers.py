@@ -6,7 +6,8 @@ meant. Shoal does the rest: it tokenizes with the fast tokenizer directly (in a 
 overlapping the forward pass), pads each length-sorted batch to its own longest row, and
 calls the module graph under `torch.inference_mode`, or, for `embed` on a CPU (the
 default `auto` engine where its check passes, or `engine = "openvino"`), the same graph
-compiled by OpenVINO (see `_openvino`).
+compiled by OpenVINO (see `_openvino`), which takes each batch packed: the texts end to
+end in rows, no padding between them (see `_packing`).
 
 `multivector` returns the transformer's token vectors (before pooling), through an
 optional ColBERT-style linear projection stored in the model directory.
@@ -14,6 +15,7 @@ optional ColBERT-style linear projection stored in the model directory.
 
 from __future__ import annotations
 
+import inspect
 import string
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +26,7 @@ from sentence_transformers import SentenceTransformer
 
 from ...model_registry import ModelSpec
 from ...queue.messages import EmbedJob, Job, MultiVectorJob
+from ._packing import PackedGraph, alpha_of
 from ._tokenize import FastTokenizer
 from ._torch import Graph, TorchAdapter
 from .base import Tokenized, pad_batch
@@ -62,11 +65,7 @@ class SentenceTransformerAdapter(TorchAdapter):
         # LoRA adapters go on the transformer module (sentence-transformers 6 keeps it in
         # `.model`; older releases in `.auto_model`).
         first = model[0]
-        attr = (
-            "model"
-            if isinstance(getattr(type(first), "auto_model", None), property)
-            else ("auto_model")
-        )
+        attr = _transformer_attr(first)
         self.lora = LoraSlots(
             lambda: getattr(first, attr), lambda m: setattr(first, attr, m), self.max_loras
         )
@@ -84,7 +83,8 @@ class SentenceTransformerAdapter(TorchAdapter):
         if "multivector" in self.spec.tasks:
             self._load_multivector(Path(path))
         if "embed" in self.spec.tasks:
-            self._compile_graph(_pooled(model), self._inputs(np.ones((2, 8), dtype=np.int64)))
+            example = self._inputs(np.ones((2, 8), dtype=np.int64))
+            self._compile_graph(_pooled(model), example, packed=_packed(model))
 
     def _load_multivector(self, path: Path) -> None:
         from safetensors.torch import load_file
@@ -142,6 +142,8 @@ class SentenceTransformerAdapter(TorchAdapter):
 
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
+        if op == "embed" and self._runs_packed():
+            return self._run_packed(batch, self._token_types)
         ids, mask, _ = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
         inputs = self._inputs(ids, mask)
         if op == "embed":
@@ -163,3 +165,30 @@ class SentenceTransformerAdapter(TorchAdapter):
 def _pooled(model: SentenceTransformer) -> Graph:
     """The model's pooled embedding (its own pooling, dense and normalize modules)."""
     return Graph(model, lambda m, features: m(features)["sentence_embedding"])
+
+
+def _transformer_attr(first: torch.nn.Module) -> str:
+    """Where the first module keeps its transformers model: sentence-transformers 6 keeps
+    it in `.model`; older releases in `.auto_model`."""
+    renamed = isinstance(getattr(type(first), "auto_model", None), property)
+    return "model" if renamed else "auto_model"
+
+
+def _packed(model: SentenceTransformer) -> PackedGraph | None:
+    """The pooled embedding on packed rows: the transformers model on the rows, then the
+    model's own modules after it (pooling, dense, normalize) on each input's tokens. None
+    where the first module is not a transformers model taking position ids."""
+    first, rest = model[0], list(model)[1:]
+    body = getattr(first, _transformer_attr(first), None)
+    if not isinstance(body, torch.nn.Module) or not hasattr(body, "config"):
+        return None
+    if "position_ids" not in inspect.signature(body.forward).parameters:
+        return None
+
+    def head(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        features = {"token_embeddings": tokens, "attention_mask": mask}
+        for module in rest:
+            features = module(features)
+        return features["sentence_embedding"]
+
+    return PackedGraph(body, head, rest, alpha_of(body.config))

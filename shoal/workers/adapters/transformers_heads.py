@@ -6,11 +6,14 @@ The model loads with `AutoModelForTokenClassification`,
 path or hub id, its labels from the config's `id2label`. Outputs are raw logits per row,
 or for sparse the SPLADE weights over the vocabulary (pooled in the graph, so the
 compiled engine runs it too); turning them into entities, labels, relevance scores or
-pruned sparse vectors happens in shoal/workers/results.py, in numpy.
+pruned sparse vectors happens in shoal/workers/results.py, in numpy. On the compiled
+engine, classify and rerank batches run packed (`_packing`: the encoder on packed rows,
+the pooler and classifier on each input's first token), where the load-time check holds.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +28,7 @@ from transformers import (
 from ...model_registry import ModelSpec
 from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob, SparseJob
 from ..ner import LabelTable
+from ._packing import PackedGraph, alpha_of
 from ._tokenize import FastTokenizer
 from ._torch import Graph, TorchAdapter
 from .base import Tokenized, pad_batch
@@ -78,7 +82,10 @@ class TransformersHeadAdapter(TorchAdapter):
         self.model = model
         self.lora = LoraSlots(lambda: self.model, self._set_model, self.max_loras)
         example = np.ones((2, 8), dtype=np.int64)
-        self._compile_graph(self._graph(model), self._inputs(example, example, example))
+        packed = None if token_level or "sparse" in self.spec.tasks else _packed_logits(model)
+        self._compile_graph(
+            self._graph(model), self._inputs(example, example, example), packed=packed
+        )
 
     def _graph(self, model: torch.nn.Module) -> Graph:
         """The forward that runs: SPLADE weights for a sparse model, else the logits."""
@@ -133,6 +140,8 @@ class TransformersHeadAdapter(TorchAdapter):
 
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
+        if op in ("rerank", "classify") and self._runs_packed():
+            return self._run_packed(batch, self._token_types)
         ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
         logits = self._run(self._graph(self.model), self._inputs(ids, mask, types))
         if op != "ner":
@@ -147,6 +156,27 @@ class TransformersHeadAdapter(TorchAdapter):
 
 def _logits(model: torch.nn.Module) -> Graph:
     return Graph(model, lambda m, features: m(**features).logits)
+
+
+def _packed_logits(model: torch.nn.Module) -> PackedGraph | None:
+    """A sequence classifier's logits on packed rows: the encoder on the rows, then its
+    pooler (BERT's: the first token through a dense layer) and classifier on each input's
+    tokens. A classifier without a pooler (RoBERTa's head) takes the tokens itself. None
+    where the model has no such parts or its encoder takes no position ids; the load-time
+    check turns packing off where the parts do not add up to the model's own forward."""
+    body = getattr(model, "base_model", None)
+    classifier = getattr(model, "classifier", None)
+    if body is None or body is model or classifier is None:
+        return None
+    if "position_ids" not in inspect.signature(body.forward).parameters:
+        return None
+    pooler = getattr(body, "pooler", None)
+
+    def head(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return classifier(pooler(tokens) if pooler is not None else tokens)
+
+    parts = [classifier] if pooler is None else [pooler, classifier]
+    return PackedGraph(body, head, parts, alpha_of(model.config))
 
 
 def _splade(model: torch.nn.Module) -> Graph:

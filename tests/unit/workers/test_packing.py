@@ -1,0 +1,116 @@
+"""Packed rows: every input placed once, each with its own positions, the cheapest width
+chosen; on the real MiniLM the packed engine answers as sentence-transformers does on
+any mix of lengths, and a model whose outputs packing would change is served padded
+instead (LoRA batches run padded in torch: test_openvino_engine)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import numpy as np
+import pytest
+
+from perf.texts import load
+from shoal.workers.adapters import _packing, make_adapter
+from shoal.workers.adapters._packing import pack, packed_inputs
+from shoal.workers.adapters.base import Tokenized
+from shoal.workers.quality import embed
+from tests.helpers import MINILM_SPEC
+
+MINILM_ALPHA = 2 * 384 + 1536
+
+
+def _rows(lengths: list[int]) -> list[Tokenized]:
+    """Rows whose ids say which input and which token they are (input * 1000 + token)."""
+    return [
+        Tokenized(np.arange(n, dtype=np.int64) + 1000 * (i + 1), n) for i, n in enumerate(lengths)
+    ]
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[5], [12, 30, 7, 19, 25, 11, 9, 28], [250, 3, 256, 40], [17] * 64, [64, 64, 1, 63]],
+)
+def test_every_input_lands_once_with_its_own_positions(lengths: list[int]) -> None:
+    rows = _rows(lengths)
+    packed = pack(rows, pad_id=0, alpha=MINILM_ALPHA)
+    width = packed.ids.shape[1]
+    assert width >= max(lengths)
+    # Inputs in one row do not overlap and stay inside it.
+    for r in range(packed.ids.shape[0]):
+        mine = np.flatnonzero(packed.row == r)
+        spans = sorted((packed.start[i], packed.start[i] + packed.length[i]) for i in mine)
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
+        assert all(s >= 0 and e <= width for s, e in spans)
+    for i, n in enumerate(lengths):
+        r, s = packed.row[i], packed.start[i]
+        np.testing.assert_array_equal(packed.ids[r, s : s + n], rows[i].ids)
+        np.testing.assert_array_equal(packed.positions[r, s : s + n], np.arange(n))
+        assert (packed.segments[r, s : s + n] == i + 1).all()
+    assert (packed.segments > 0).sum() == sum(lengths)  # the rest is padding, segment 0
+    # The gather index brings each input's tokens back, in order, from the flat rows.
+    inputs = packed_inputs(packed, types=False)
+    flat = packed.ids.reshape(-1)
+    for i, n in enumerate(lengths):
+        np.testing.assert_array_equal(flat[inputs["gather"][i, :n]], rows[i].ids)
+        assert inputs["mask"][i].sum() == n
+
+
+def test_short_inputs_share_wider_rows_and_long_ones_keep_their_own() -> None:
+    short = pack(_rows([12, 30, 7, 19, 25, 11, 9, 28] * 4), pad_id=0, alpha=MINILM_ALPHA)
+    padded_tokens = 32 * 30
+    assert short.ids.size < 0.8 * padded_tokens  # most of the padding is gone
+    assert short.ids.shape[0] < 32  # rows hold several inputs
+    long = pack(_rows([250, 240, 256, 230]), pad_id=0, alpha=MINILM_ALPHA)
+    assert long.ids.shape == (4, 256)  # a wider row would cost more attention than it saves
+
+
+def test_token_types_travel_with_their_tokens() -> None:
+    rows = _rows([6, 9])
+    rows[1].type_ids = np.array([0] * 4 + [1] * 5, dtype=np.int64)
+    packed = pack(rows, pad_id=0, alpha=MINILM_ALPHA)
+    inputs = packed_inputs(packed, types=True)
+    r, s = packed.row[1], packed.start[1]
+    np.testing.assert_array_equal(inputs["token_type_ids"][r, s : s + 9], rows[1].type_ids)
+
+
+def test_the_shipped_minilm_runs_packed_and_answers_as_sentence_transformers(
+    minilm_path: str, st_model, caplog
+) -> None:
+    caplog.set_level(logging.INFO)
+    adapter = make_adapter(MINILM_SPEC, "cpu")
+    adapter.load(minilm_path)
+    assert adapter._packed is not None
+    assert "engine auto: openvino f32 on packed rows" in caplog.text
+    # Mixed lengths in one batch: short queries beside passages at the length limit.
+    texts = load("short")[:40] + load("passages")[:6] + ["", "a"]
+    rng = np.random.default_rng(1)
+    texts = [texts[i] for i in rng.permutation(len(texts))]
+    theirs = st_model.encode(texts, batch_size=len(texts), normalize_embeddings=True)
+    ours = embed(adapter, texts, batch=len(texts))
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    # Alone, one at a time, the same vectors.
+    np.testing.assert_allclose(embed(adapter, texts[:3], batch=1), theirs[:3], atol=1e-5)
+
+
+def test_a_model_that_packing_would_change_is_served_padded(
+    minilm_path: str, st_model, monkeypatch, caplog
+) -> None:
+    # A model that ignores the block-diagonal mask (tokens see the other inputs of their
+    # row) is simulated: every packed model here honours it.
+    real = _packing.PackedGraph.forward
+
+    def leaking(self, input_ids, segments, position_ids, gather, mask, token_type_ids=None):
+        return real(self, input_ids, segments.clamp(max=1), position_ids, gather, mask)
+
+    monkeypatch.setattr(_packing.PackedGraph, "forward", leaking)
+    caplog.set_level(logging.INFO)
+    adapter = make_adapter(MINILM_SPEC, "cpu")
+    adapter.load(minilm_path)
+    assert adapter._packed is None and adapter.engine() == "openvino float32"
+    assert "packed rows off" in caplog.text
+    assert "engine auto: openvino (openvino f32 kept" in caplog.text
+    texts = load("short")[:16]
+    theirs = st_model.encode(texts, batch_size=16, normalize_embeddings=True)
+    np.testing.assert_allclose(embed(adapter, texts, batch=16), theirs, atol=1e-5)
