@@ -259,7 +259,7 @@ class TorchAdapter(EncoderAdapter):
     ) -> float:
         """Worst cosine between `candidate(rows)` and float32 torch's `graph` on padded
         `PROBE_TEXTS`: all of them (padded, or packed several to a row), then the first
-        alone."""
+        alone. Per-token outputs are compared on the texts' tokens, not the padding."""
         tokenizer = self.tokenizer  # type: ignore[attr-defined] - every torch adapter has one
         rows = tokenizer.texts(list(PROBE_TEXTS))
         worst = 1.0
@@ -268,7 +268,11 @@ class TorchAdapter(EncoderAdapter):
                 padded = self._padded(batch, names)
                 tensors = {name: torch.from_numpy(a) for name, a in padded.items()}
                 exact = graph(**tensors).float().numpy()
-            worst = min(worst, worst_cosine(exact, candidate(batch)))
+            theirs = candidate(batch)
+            if exact.ndim == 3:  # per-token outputs: only the inputs' own tokens count
+                real = padded["attention_mask"][..., None]
+                exact, theirs = exact * real, theirs * real
+            worst = min(worst, worst_cosine(exact, theirs))
         return worst
 
     def _run(self, graph: torch.nn.Module, inputs: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -7,8 +7,9 @@ path or hub id, its labels from the config's `id2label`. Outputs are raw logits 
 or for sparse the SPLADE weights over the vocabulary (pooled in the graph, so the
 compiled engine runs it too); turning them into entities, labels, relevance scores or
 pruned sparse vectors happens in shoal/workers/results.py, in numpy. On the compiled
-engine, classify and rerank batches run packed (`_packing`: the encoder on packed rows,
-the pooler and classifier on each input's first token), where the load-time check holds.
+engine, classify, rerank and NER batches run packed (`_packing`: the encoder on packed
+rows, the classifier on each input's tokens or pooled first token), where the load-time
+check holds.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class TransformersHeadAdapter(TorchAdapter):
         self.model = model
         self.lora = LoraSlots(lambda: self.model, self._set_model, self.max_loras)
         example = np.ones((2, 8), dtype=np.int64)
-        packed = None if token_level or "sparse" in self.spec.tasks else _packed_logits(model)
+        packed = None if "sparse" in self.spec.tasks else _packed_logits(model, token_level)
         self._compile_graph(
             self._graph(model), self._inputs(example, example, example), packed=packed
         )
@@ -140,14 +141,16 @@ class TransformersHeadAdapter(TorchAdapter):
 
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
-        if op in ("rerank", "classify") and self._runs_packed():
-            return self._run_packed(batch, self._token_types)
-        ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
-        logits = self._run(self._graph(self.model), self._inputs(ids, mask, types))
+        if self._runs_packed():  # right-padded: each row's tokens from the first column
+            logits = self._run_packed(batch, self._token_types)
+            left = False
+        else:
+            ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
+            logits = self._run(self._graph(self.model), self._inputs(ids, mask, types))
+            left = self.tokenizer.pad_left
         if op != "ner":
             return logits
-        width = ids.shape[1]
-        left = self.tokenizer.pad_left
+        width = logits.shape[1]
         return [
             logits[i, width - len(t.ids) :] if left else logits[i, : len(t.ids)]
             for i, t in enumerate(batch)
@@ -158,21 +161,24 @@ def _logits(model: torch.nn.Module) -> Graph:
     return Graph(model, lambda m, features: m(**features).logits)
 
 
-def _packed_logits(model: torch.nn.Module) -> PackedGraph | None:
-    """A sequence classifier's logits on packed rows: the encoder on the rows, then its
-    pooler (BERT's: the first token through a dense layer) and classifier on each input's
-    tokens. A classifier without a pooler (RoBERTa's head) takes the tokens itself. None
-    where the model has no such parts or its encoder takes no position ids; the load-time
-    check turns packing off where the parts do not add up to the model's own forward."""
+def _packed_logits(model: torch.nn.Module, per_token: bool) -> PackedGraph | None:
+    """The head's logits on packed rows: the encoder on the rows, then on each input's
+    tokens the classifier, per token (`per_token`, NER: zero past the input's end) or on
+    the pooled first token (BERT's pooler; a classifier without one, RoBERTa's head, takes
+    the tokens itself). None where the model has no such parts or its encoder takes no
+    position ids; the load-time check turns packing off where the parts do not add up to
+    the model's own forward."""
     body = getattr(model, "base_model", None)
     classifier = getattr(model, "classifier", None)
     if body is None or body is model or classifier is None:
         return None
     if "position_ids" not in inspect.signature(body.forward).parameters:
         return None
-    pooler = getattr(body, "pooler", None)
+    pooler = None if per_token else getattr(body, "pooler", None)
 
     def head(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if per_token:
+            return classifier(tokens) * mask.unsqueeze(-1).to(tokens.dtype)
         return classifier(pooler(tokens) if pooler is not None else tokens)
 
     parts = [classifier] if pooler is None else [pooler, classifier]

@@ -207,6 +207,7 @@ def test_task_heads_answer_the_same_in_openvino_picked_by_auto(
     # The shipped `auto` picks OpenVINO for the heads too (a reranker's one score per row
     # is guarded as a column).
     assert adapters[1].engine() == "openvino float32"
+    assert adapters[1]._packed is not None  # on packed rows: the check at load held
     common = {"request_id": "r", "part": 0, "model": spec.id, "reply_to": "", "deadline": 0}
     texts = load("short")[:12] + load("passages")[:2]  # NER windows the passages
     job = (
