@@ -11,9 +11,10 @@ checks it against float32 torch on padded batches), on almost no padding; attent
 the wider rows costs `width / (2 * hidden + intermediate)` of the matmuls per token (3%
 for MiniLM at width 64).
 
-This is for encoders with absolute or rotary positions taken from `position_ids` and an
-attention mask honoured as given (transformers passes a 4D mask through unchanged); the
-load-time check turns packing off for a model where either does not hold.
+This is for encoders with absolute or rotary positions taken from `position_ids` (from 0,
+or from padding_idx + 1 as RoBERTa numbers them) and an attention mask honoured as given
+(transformers passes a 4D mask through unchanged); the load-time check turns packing off
+for a model where either does not hold.
 """
 
 from __future__ import annotations
@@ -138,6 +139,10 @@ class PackedGraph(torch.nn.Module):
         self.head = head
         self.parts = torch.nn.ModuleList(parts)
         self.alpha = alpha
+        # RoBERTa-family embeddings (XLM-R: multilingual-e5, bge-m3 and their rerankers)
+        # number positions from padding_idx + 1; BERT's from 0.
+        padding_idx = getattr(getattr(body, "embeddings", None), "padding_idx", None)
+        self.first_position = 0 if padding_idx is None else padding_idx + 1
 
     def forward(
         self,
@@ -152,7 +157,11 @@ class PackedGraph(torch.nn.Module):
         # Additive, as eager attention adds it and SDPA takes it; a padding token sees the
         # row's other padding, so no row of the mask is empty (an empty one would be NaN).
         bias = torch.where(same, torch.tensor(0.0), torch.tensor(torch.finfo(torch.float32).min))
-        features = {"input_ids": input_ids, "attention_mask": bias, "position_ids": position_ids}
+        features = {
+            "input_ids": input_ids,
+            "attention_mask": bias,
+            "position_ids": position_ids + self.first_position,
+        }
         if token_type_ids is not None:
             features["token_type_ids"] = token_type_ids
         hidden = self.body(**features)[0]

@@ -114,3 +114,41 @@ def test_a_model_that_packing_would_change_is_served_padded(
     texts = load("short")[:16]
     theirs = st_model.encode(texts, batch_size=16, normalize_embeddings=True)
     np.testing.assert_allclose(embed(adapter, texts, batch=16), theirs, atol=1e-5)
+
+
+def test_a_roberta_family_encoder_packs_with_its_own_position_numbering(
+    minilm_path: str, tmp_path
+) -> None:
+    # A tiny random RoBERTa (no XLM-R checkpoint loads offline here): its positions start
+    # at padding_idx + 1, which packing must follow for the check at load to pass.
+    import msgspec
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    config = RobertaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=130,
+        pad_token_id=tokenizer.pad_token_id,
+        type_vocab_size=1,
+    )
+    torch.manual_seed(0)
+    RobertaModel(config).save_pretrained(tmp_path / "hf")
+    tokenizer.save_pretrained(tmp_path / "hf")
+    transformer = models.Transformer(str(tmp_path / "hf"), max_seq_length=128)
+    st = SentenceTransformer(modules=[transformer, models.Pooling(64, "mean"), models.Normalize()])
+    st.save(str(tmp_path / "st"))
+    spec = msgspec.structs.replace(
+        MINILM_SPEC, id="tiny-roberta", source=str(tmp_path / "st"), dims=64, max_length=128
+    )
+    adapter = make_adapter(spec, "cpu")
+    adapter.load(str(tmp_path / "st"))
+    assert adapter._packed is not None and adapter._packed.first_position == 1
+    texts = load("short")[:24] + load("passages")[:2]
+    theirs = st.encode(texts, batch_size=len(texts), normalize_embeddings=True)
+    np.testing.assert_allclose(embed(adapter, texts, batch=len(texts)), theirs, atol=1e-5)
