@@ -43,6 +43,7 @@ decide, not a rate measured before."""
 class _Model:
     __slots__ = (
         "finished",
+        "first_sample",
         "last_request",
         "pending",
         "progress_at",
@@ -55,7 +56,9 @@ class _Model:
         self.last_request = now
         self.pending = 0
         self.rate = 0.0
-        """Items finished per second while the queue moves; 0 until measured."""
+        """Items finished per second while the queue moves; 0 until measured (from two
+        samples)."""
+        self.first_sample: float | None = None
         self.finished = -1
         self.progress_at = now
         """When `finished` last grew (or the queue was last empty)."""
@@ -166,11 +169,15 @@ class BacklogMonitor:
                 # Over the time since it last grew, so polls that fall between two
                 # slow batches average in instead of reading as a zero rate.
                 sample = done / max(now - state.progress_at, 1e-3)
-                state.rate = (
-                    sample
-                    if state.rate <= 0
-                    else _SMOOTHING * sample + (1 - _SMOOTHING) * state.rate
-                )
+                if state.rate > 0:
+                    state.rate = _SMOOTHING * sample + (1 - _SMOOTHING) * state.rate
+                elif state.first_sample is None:
+                    # One sample is no rate yet: it may span a gap just short of a stall
+                    # (a replacement worker loading in under `_STALLED`; ~10 items over
+                    # 4.8 s refused requests behind a queue that drained in seconds).
+                    state.first_sample = sample
+                else:  # the faster of the first two: an estimate errs toward admitting
+                    state.rate = max(state.first_sample, sample)
             state.finished, state.progress_at = finished, now
         elif state.pending == 0:
             state.progress_at = now  # idle is not stalled

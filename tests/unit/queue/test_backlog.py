@@ -57,7 +57,30 @@ async def test_a_stall_is_not_read_as_a_slow_drain_rate() -> None:
     bus.set(200, 16, 36)
     await _poll(monitor, clock, 0.5)
     assert monitor.wait_for(MODEL) == 0.0  # still no estimate: nothing refused for it
-    # Its next batches are a rate: 10 items per 0.5 s, ~216 waiting, ~11 s.
+    # Its next batches are a rate (from two samples): 10 items per 0.5 s, ~196 waiting.
     bus.set(190, 16, 46)
     await _poll(monitor, clock, 0.5)
+    bus.set(180, 16, 56)
+    await _poll(monitor, clock, 0.5)
+    assert 8 < monitor.wait_for(MODEL) < 14, monitor.wait_for(MODEL)
+
+
+async def test_a_gap_just_short_of_a_stall_is_not_read_as_a_slow_drain_rate() -> None:
+    """As above, but the new worker answers 4.8 s after the last progress, under the
+    stall bound: that one growth spans the load, not a drain rate. Read as the first rate
+    (10 items over 4.8 s, ~2/s) it refused requests with a 120 s deadline behind ~216
+    items that drained in ~11 s (seen once in a full run: test_worker_crash)."""
+    bus, clock = ConsumerInfoReplay(), Clock()
+    monitor = BacklogMonitor(bus, "WORK", Subjects(), clock=clock)
+    monitor.wait_for(MODEL)
+    bus.set(200, 16, 16)
+    await _poll(monitor, clock, 0.5)  # first look
+    bus.set(200, 16, 26)
+    await _poll(monitor, clock, 0.5)  # the first worker's first batch: the warm-up
+    await _poll(monitor, clock, 4.3)  # it died: nothing moves for 4.8 s in all
+    bus.set(200, 16, 36)
+    await _poll(monitor, clock, 0.5)
+    assert monitor.wait_for(MODEL) == 0.0  # one sample: no estimate, nothing refused
+    bus.set(190, 16, 46)
+    await _poll(monitor, clock, 0.5)  # the next: 10 items per 0.5 s, ~206 waiting
     assert 8 < monitor.wait_for(MODEL) < 14, monitor.wait_for(MODEL)
