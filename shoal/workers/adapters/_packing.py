@@ -19,6 +19,7 @@ for a model where either does not hold.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -27,7 +28,7 @@ import torch
 
 from .base import Tokenized
 
-__all__ = ["Packed", "PackedGraph", "alpha_of", "pack", "packed_inputs"]
+__all__ = ["Packed", "PackedGraph", "alpha_of", "pack", "packed_inputs", "takes_position_ids"]
 
 _WIDTHS = (64, 128, 256, 512)
 """Row widths tried beyond the longest input (the cheapest estimated cost wins)."""
@@ -57,16 +58,15 @@ def pack(batch: Sequence[Tokenized], pad_id: int, alpha: float) -> Packed:
     lengths = np.fromiter((len(t.ids) for t in batch), dtype=np.int64, count=len(batch))
     longest = int(lengths.max())
     order = np.argsort(-lengths, kind="stable")
-    best: tuple[float, int, np.ndarray, np.ndarray] | None = None
+    best: tuple[float, int, int, np.ndarray, np.ndarray] | None = None
     for width in sorted({longest, *(w for w in _WIDTHS if w > longest)}):
         rows, start = _first_fit(lengths, order, width)
         count = int(rows.max()) + 1
         cost = count * width * (1 + width / alpha)
         if best is None or cost < best[0]:
-            best = (cost, width, rows, start)
+            best = (cost, width, count, rows, start)
     assert best is not None
-    _, width, rows, start = best
-    count = int(rows.max()) + 1
+    _, width, count, rows, start = best
     ids = np.full((count, width), pad_id, dtype=np.int64)
     segments = np.zeros((count, width), dtype=np.int64)
     positions = np.zeros((count, width), dtype=np.int64)
@@ -174,3 +174,9 @@ def alpha_of(config) -> float:
     4 h^2 + 2 h i multiply-adds per token against 2 h per token and unit of width."""
     hidden = config.hidden_size
     return 2 * hidden + getattr(config, "intermediate_size", 4 * hidden)
+
+
+def takes_position_ids(body: torch.nn.Module) -> bool:
+    """Whether a transformers encoder's forward takes `position_ids` (packing gives each
+    input its own)."""
+    return "position_ids" in inspect.signature(body.forward).parameters

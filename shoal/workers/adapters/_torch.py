@@ -88,6 +88,8 @@ class TorchAdapter(EncoderAdapter):
     _engine: OpenVinoGraph | None = None
     _packed: PackedGraph | None = None
     """The packed forward the engine runs, where it runs one (`_compile_graph`)."""
+    _token_types: bool = False
+    """Whether the model takes token type ids (set by `load` from its tokenizer)."""
 
     def _set_precision(self, model: torch.nn.Module) -> None:
         """Apply the profile's dtype to a freshly loaded `model` (on `self.device`)."""
@@ -179,16 +181,14 @@ class TorchAdapter(EncoderAdapter):
         from . import _openvino
 
         tokenizer = self.tokenizer  # type: ignore[attr-defined]
-        types = "token_type_ids" in names
-
-        def rows_in(rows: Sequence[Tokenized]) -> dict[str, np.ndarray]:
-            return packed_inputs(pack(rows, tokenizer.pad_id, packed.alpha), types)
-
         precision = "bf16" if bf16 else "f32"
         try:
-            engine = _openvino.OpenVinoGraph(packed, rows_in(tokenizer.texts(["a", "b"])), bf16)
+            example = self._packed_inputs(tokenizer.texts(["a", "b"]), packed)
+            engine = _openvino.OpenVinoGraph(packed, example, bf16)
             threads = torch.get_num_threads()
-            worst = self._probe_agreement(graph, names, lambda rows: engine(rows_in(rows), threads))
+            worst = self._probe_agreement(
+                graph, names, lambda rows: engine(self._packed_inputs(rows, packed), threads)
+            )
         except Exception as exc:  # parts that do not fit together: padded it is
             log.warning(
                 "model %s: packed rows off (%s: %s); padded batches instead",
@@ -290,13 +290,17 @@ class TorchAdapter(EncoderAdapter):
         rows, and no LoRA adapter is active (those run padded, in torch)."""
         return self._packed is not None and not (self.lora and self.lora.active_name)
 
-    def _run_packed(self, rows: Sequence[Tokenized], types: bool) -> np.ndarray:
-        """The main graph's outputs for `rows`, packed, in the engine (`types`: whether the
-        model takes token type ids)."""
+    def _run_packed(self, rows: Sequence[Tokenized]) -> np.ndarray:
+        """The main graph's outputs for `rows`, packed, in the engine."""
         assert self._engine is not None and self._packed is not None
+        return self._engine(self._packed_inputs(rows, self._packed), torch.get_num_threads())
+
+    def _packed_inputs(
+        self, rows: Sequence[Tokenized], packed: PackedGraph
+    ) -> dict[str, np.ndarray]:
+        """`rows` packed, as `packed` takes them."""
         tokenizer = self.tokenizer  # type: ignore[attr-defined]
-        packed = pack(rows, tokenizer.pad_id, self._packed.alpha)
-        return self._engine(packed_inputs(packed, types), torch.get_num_threads())
+        return packed_inputs(pack(rows, tokenizer.pad_id, packed.alpha), self._token_types)
 
     def runs_side_by_side(self, op: str, lora: str) -> bool:
         return self._engine is not None and not lora and self._on_engine(op)

@@ -15,7 +15,6 @@ optional ColBERT-style linear projection stored in the model directory.
 
 from __future__ import annotations
 
-import inspect
 import string
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from sentence_transformers import SentenceTransformer
 
 from ...model_registry import ModelSpec
 from ...queue.messages import EmbedJob, Job, MultiVectorJob
-from ._packing import PackedGraph, alpha_of
+from ._packing import PackedGraph, alpha_of, takes_position_ids
 from ._tokenize import FastTokenizer
 from ._torch import Graph, TorchAdapter
 from .base import Tokenized, pad_batch
@@ -143,7 +142,7 @@ class SentenceTransformerAdapter(TorchAdapter):
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
         if op == "embed" and self._runs_packed():
-            return self._run_packed(batch, self._token_types)
+            return self._run_packed(batch)
         ids, mask, _ = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
         inputs = self._inputs(ids, mask)
         if op == "embed":
@@ -182,7 +181,7 @@ def _packed(model: SentenceTransformer) -> PackedGraph | None:
     body = getattr(first, _transformer_attr(first), None)
     if not isinstance(body, torch.nn.Module) or not hasattr(body, "config"):
         return None
-    if "position_ids" not in inspect.signature(body.forward).parameters:
+    if not takes_position_ids(body):
         return None
 
     def head(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,6 @@ check holds.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,7 +28,7 @@ from transformers import (
 from ...model_registry import ModelSpec
 from ...queue.messages import ClassifyJob, Job, NerJob, RerankJob, SparseJob
 from ..ner import LabelTable
-from ._packing import PackedGraph, alpha_of
+from ._packing import PackedGraph, alpha_of, takes_position_ids
 from ._tokenize import FastTokenizer
 from ._torch import Graph, TorchAdapter
 from .base import Tokenized, pad_batch
@@ -142,7 +141,7 @@ class TransformersHeadAdapter(TorchAdapter):
     def forward(self, op: str, batch: Sequence[Tokenized]) -> Sequence[np.ndarray]:
         assert self.model is not None and self.tokenizer is not None
         if self._runs_packed():  # right-padded: each row's tokens from the first column
-            logits = self._run_packed(batch, self._token_types)
+            logits = self._run_packed(batch)
             left = False
         else:
             ids, mask, types = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
@@ -172,7 +171,7 @@ def _packed_logits(model: torch.nn.Module, per_token: bool) -> PackedGraph | Non
     classifier = getattr(model, "classifier", None)
     if body is None or body is model or classifier is None:
         return None
-    if "position_ids" not in inspect.signature(body.forward).parameters:
+    if not takes_position_ids(body):
         return None
     pooler = None if per_token else getattr(body, "pooler", None)
 
