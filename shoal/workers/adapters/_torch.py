@@ -87,7 +87,13 @@ class TorchAdapter(EncoderAdapter):
     _autocast: torch.dtype | None = None
     _engine: OpenVinoGraph | None = None
     _packed: PackedGraph | None = None
-    """The packed forward the engine runs, where it runs one (`_compile_graph`)."""
+    """The forward on packed rows (`_packing`), where float32 torch on it matched the padded
+    forward at load (`_torch_packs`)."""
+    _engine_packs: bool = False
+    """Whether the engine runs `_packed` (else padded batches, or no engine)."""
+    _lora_packs: bool = True
+    """Whether LoRA batches may run `_packed` in torch: only where the packed forward holds
+    every module peft may change by reference (transformers_heads says where not)."""
     _token_types: bool = False
     """Whether the model takes token type ids (set by `load` from its tokenizer)."""
 
@@ -133,20 +139,24 @@ class TorchAdapter(EncoderAdapter):
         `packed`, the same forward on packed rows (`_packing`), is what the engine runs
         instead wherever it keeps that floor against `graph` in float32 torch, checked
         whatever the profile (packing is right only for models that take positions and a
-        mask as given); else the engine runs `graph` on padded batches."""
+        mask as given); else the engine runs `graph` on padded batches. Without an engine
+        (or for LoRA batches) torch runs `packed` wherever it matched `graph` at load."""
         self._engine = None
-        self._packed = None
+        self._engine_packs = False
+        names = list(example)
+        self._packed = (
+            packed if packed is not None and self._torch_packs(packed, graph, names) else None
+        )
         if not self._engine_allowed():
             return
         from . import _openvino
 
         bf16 = self._openvino_bf16()
         floor = QUALITY_FLOOR if bf16 else EXACT_FLOOR
-        names = list(example)
-        if packed is not None and not self.tokenizer.pad_left:  # type: ignore[attr-defined]
-            engine = self._compile_packed(packed, graph, names, bf16, floor)
+        if self._packed is not None:
+            engine = self._compile_packed(self._packed, graph, names, bf16, floor)
             if engine is not None:
-                self._engine, self._packed = engine, packed
+                self._engine, self._engine_packs = engine, True
                 return
         compiled = _openvino.OpenVinoGraph(graph, example, bf16=bf16)
         if self.spec.profile.engine == "auto":
@@ -167,6 +177,40 @@ class TorchAdapter(EncoderAdapter):
             if choice == "torch":
                 return
         self._engine = compiled
+
+    def _torch_packs(self, packed: PackedGraph, graph: torch.nn.Module, names: list[str]) -> bool:
+        """Whether float32 torch on packed rows keeps `EXACT_FLOOR` against `graph` on the
+        probe texts padded (packing is right only for models that take positions and a
+        mask as given), saying why not. Right-padded tokenizers on a CPU only: on a GPU
+        padded batches run fused attention kernels that a dense mask would give up, and
+        packing there is unmeasured."""
+        if self.tokenizer.pad_left or self.device != "cpu":  # type: ignore[attr-defined]
+            return False
+
+        def run(rows: list[Tokenized]) -> np.ndarray:
+            with torch.inference_mode():
+                return self._torch_forward(packed, self._packed_inputs(rows, packed))
+
+        try:
+            worst = self._probe_agreement(graph, names, run)
+        except Exception as exc:  # parts that do not fit together: padded it is
+            log.warning(
+                "model %s: packed rows off (%s: %s); padded batches instead",
+                self.spec.id,
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        if worst < EXACT_FLOOR:
+            log.warning(
+                "model %s: packed rows off: torch float32 on them kept a worst cosine of "
+                "%.7f to padded batches on the probe texts (floor %s); padded batches instead",
+                self.spec.id,
+                worst,
+                EXACT_FLOOR,
+            )
+            return False
+        return True
 
     def _compile_packed(
         self,
@@ -279,21 +323,40 @@ class TorchAdapter(EncoderAdapter):
         """`graph(**inputs)` as float32 numpy: in the compiled engine when the profile has
         one and no LoRA adapter is active (the engine holds the base weights only), else
         in torch. The engine takes the threads the worker gave this forward pass."""
-        if self._engine is not None and not (self.lora and self.lora.active_name):
+        if self._engine is not None and not self._lora_active():
             return self._engine(inputs, torch.get_num_threads())
         with self._compute():
-            tensors = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
-            return graph(**tensors).float().cpu().numpy()
+            return self._torch_forward(graph, inputs)
+
+    def _torch_forward(
+        self, graph: torch.nn.Module, inputs: Mapping[str, np.ndarray]
+    ) -> np.ndarray:
+        """`graph(**inputs)` in torch on the adapter's device, as float32 numpy."""
+        tensors = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
+        return graph(**tensors).float().cpu().numpy()
+
+    def _lora_active(self) -> bool:
+        return bool(self.lora and self.lora.active_name)
 
     def _runs_packed(self) -> bool:
-        """Whether the next forward of the main graph runs packed: the engine runs packed
-        rows, and no LoRA adapter is active (those run padded, in torch)."""
-        return self._packed is not None and not (self.lora and self.lora.active_name)
+        """Whether the next forward of the main graph runs packed: in the engine where it
+        runs packed rows (it holds the base weights only, so not for LoRA batches), else in
+        torch wherever packing held at load (LoRA batches where `_lora_packs`)."""
+        if self._packed is None:
+            return False
+        if self._lora_active():
+            return self._lora_packs
+        return self._engine is None or self._engine_packs
 
     def _run_packed(self, rows: Sequence[Tokenized]) -> np.ndarray:
-        """The main graph's outputs for `rows`, packed, in the engine."""
-        assert self._engine is not None and self._packed is not None
-        return self._engine(self._packed_inputs(rows, self._packed), torch.get_num_threads())
+        """The main graph's outputs for `rows`, packed: in the engine where it runs them
+        and no LoRA adapter is active, else in torch."""
+        assert self._packed is not None
+        inputs = self._packed_inputs(rows, self._packed)
+        if self._engine is not None and self._engine_packs and not self._lora_active():
+            return self._engine(inputs, torch.get_num_threads())
+        with self._compute():
+            return self._torch_forward(self._packed, inputs)
 
     def _packed_inputs(
         self, rows: Sequence[Tokenized], packed: PackedGraph

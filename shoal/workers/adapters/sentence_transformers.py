@@ -3,11 +3,12 @@
 sentence-transformers loads the model and its module graph (transformer, pooling, dense,
 normalize) from the model's own config, so every model it supports pools as its authors
 meant. Shoal does the rest: it tokenizes with the fast tokenizer directly (in a thread,
-overlapping the forward pass), pads each length-sorted batch to its own longest row, and
-calls the module graph under `torch.inference_mode`, or, for `embed` on a CPU (the
-default `auto` engine where its check passes, or `engine = "openvino"`), the same graph
-compiled by OpenVINO (see `_openvino`), which takes each batch packed: the texts end to
-end in rows, no padding between them (see `_packing`).
+overlapping the forward pass) and, for `embed` on a CPU, packs each batch: the texts end
+to end in rows, no padding between them (see `_packing`), through the transformer and
+then the model's own modules after it, under `torch.inference_mode` (LoRA batches too)
+or compiled by OpenVINO (see `_openvino`; the default `auto` engine where its check
+passes, or `engine = "openvino"`). Elsewhere (multi-vector, a GPU) each length-sorted
+batch is padded to its own longest row.
 
 `multivector` returns the transformer's token vectors (before pooling), through an
 optional ColBERT-style linear projection stored in the model directory.

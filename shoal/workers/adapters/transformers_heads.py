@@ -6,10 +6,10 @@ The model loads with `AutoModelForTokenClassification`,
 path or hub id, its labels from the config's `id2label`. Outputs are raw logits per row,
 or for sparse the SPLADE weights over the vocabulary (pooled in the graph, so the
 compiled engine runs it too); turning them into entities, labels, relevance scores or
-pruned sparse vectors happens in shoal/workers/results.py, in numpy. On the compiled
-engine, classify, rerank and NER batches run packed (`_packing`: the encoder on packed
-rows, the classifier on each input's tokens or pooled first token), where the load-time
-check holds.
+pruned sparse vectors happens in shoal/workers/results.py, in numpy. Classify, rerank and
+NER batches run packed (`_packing`: the encoder on packed rows, the classifier on each
+input's tokens or pooled first token), in the compiled engine or in torch, where the
+load-time check holds; LoRA batches run padded.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ class TransformersHeadAdapter(TorchAdapter):
     """NER, rerank and classify heads with plain transformers."""
 
     ops = frozenset({"ner", "classify", "rerank", "sparse"})
+    _lora_packs = False
+    """peft may replace the classifier itself (`modules_to_save`), which the packed head
+    holds by reference, so LoRA batches run the model's own forward, padded."""
 
     def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
         super().__init__(spec)

@@ -200,14 +200,17 @@ def test_task_heads_answer_the_same_in_openvino_picked_by_auto(
 ) -> None:
     spec = task_specs.resolve(model)
     adapters = []
-    for engine in ("torch", "auto"):
+    for engine in ("torch", "auto", "torch"):
         adapter = make_adapter(_on(spec, engine), "cpu")
         adapter.load(spec.source)
         adapters.append(adapter)
     # The shipped `auto` picks OpenVINO for the heads too (a reranker's one score per row
     # is guarded as a column).
     assert adapters[1].engine() == "openvino float32"
-    assert adapters[1]._packed is not None  # on packed rows: the check at load held
+    # Both run packed rows (the checks at load held), compared with the model's own
+    # forward on padded batches.
+    assert adapters[1]._engine_packs and adapters[0]._packed is not None
+    adapters[2]._packed = None
     common = {"request_id": "r", "part": 0, "model": spec.id, "reply_to": "", "deadline": 0}
     texts = load("short")[:12] + load("passages")[:2]  # NER windows the passages
     job = (
@@ -215,10 +218,11 @@ def test_task_heads_answer_the_same_in_openvino_picked_by_auto(
         if op == "rerank"
         else NerJob(**common, texts=texts)
     )
-    torch_out, openvino_out = (a.forward(op, a.units(job)) for a in adapters)
-    assert len(torch_out) == len(openvino_out) == len(adapters[0].units(job))
-    for ours, theirs in zip(openvino_out, torch_out, strict=True):
+    torch_out, openvino_out, padded = (a.forward(op, a.units(job)) for a in adapters)
+    assert len(torch_out) == len(openvino_out) == len(padded) == len(adapters[0].units(job))
+    for torch_packed, ours, theirs in zip(torch_out, openvino_out, padded, strict=True):
         np.testing.assert_allclose(ours, theirs, atol=1e-4)
+        np.testing.assert_allclose(torch_packed, theirs, atol=1e-5)
 
 
 def test_a_missing_openvino_package_fails_the_load_clearly(minilm_path: str, monkeypatch) -> None:

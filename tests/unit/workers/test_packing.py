@@ -1,13 +1,14 @@
 """Packed rows: every input placed once, each with its own positions, the cheapest width
-chosen; on the real MiniLM the packed engine answers as sentence-transformers does on
-any mix of lengths, and a model whose outputs packing would change is served padded
-instead (LoRA batches run padded in torch: test_openvino_engine)."""
+chosen; on the real MiniLM the packed engine, and torch on packed rows (without an
+engine, and for LoRA batches), answer as sentence-transformers (and peft) do on any mix of
+lengths, and a model whose outputs packing would change is served padded instead."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ from shoal.workers.adapters._packing import pack, packed_inputs
 from shoal.workers.adapters.base import Tokenized
 from shoal.workers.quality import embed
 from tests.helpers import MINILM_SPEC
+from tests.task_models import build_lora_adapter
 
 MINILM_ALPHA = 2 * 384 + 1536
 
@@ -75,23 +77,79 @@ def test_token_types_travel_with_their_tokens() -> None:
     np.testing.assert_array_equal(inputs["token_type_ids"][r, s : s + 9], rows[1].type_ids)
 
 
+def _mixed_texts() -> list[str]:
+    """Short queries beside passages at the length limit and empty text, shuffled."""
+    texts = load("short")[:40] + load("passages")[:6] + ["", "a"]
+    rng = np.random.default_rng(2)
+    return [texts[i] for i in rng.permutation(len(texts))]
+
+
 def test_the_shipped_minilm_runs_packed_and_answers_as_sentence_transformers(
     minilm_path: str, st_model, caplog
 ) -> None:
     caplog.set_level(logging.INFO)
     adapter = make_adapter(MINILM_SPEC, "cpu")
     adapter.load(minilm_path)
-    assert adapter._packed is not None
+    assert adapter._engine_packs
     assert "engine auto: openvino f32 on packed rows" in caplog.text
-    # Mixed lengths in one batch: short queries beside passages at the length limit.
-    texts = load("short")[:40] + load("passages")[:6] + ["", "a"]
-    rng = np.random.default_rng(1)
-    texts = [texts[i] for i in rng.permutation(len(texts))]
+    texts = _mixed_texts()
     theirs = st_model.encode(texts, batch_size=len(texts), normalize_embeddings=True)
     ours = embed(adapter, texts, batch=len(texts))
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
     # Alone, one at a time, the same vectors.
     np.testing.assert_allclose(embed(adapter, texts[:3], batch=1), theirs[:3], atol=1e-5)
+
+
+def _count_packed_forwards(monkeypatch) -> list[int]:
+    """Counts the packed forwards torch runs (a compiled engine runs its own copy)."""
+    calls: list[int] = []
+    real = _packing.PackedGraph.forward
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_packing.PackedGraph, "forward", counting)
+    return calls
+
+
+def test_torch_runs_packed_rows_where_no_engine_does(minilm_path: str, st_model, monkeypatch):
+    calls = _count_packed_forwards(monkeypatch)
+    spec = msgspec.structs.replace(
+        MINILM_SPEC, profile=msgspec.structs.replace(MINILM_SPEC.profile, engine="torch")
+    )
+    adapter = make_adapter(spec, "cpu")
+    adapter.load(minilm_path)
+    assert adapter._engine is None and adapter._packed is not None
+    texts = _mixed_texts()
+    theirs = st_model.encode(texts, batch_size=len(texts), normalize_embeddings=True)
+    calls.clear()  # the check at load ran it
+    np.testing.assert_allclose(embed(adapter, texts, batch=len(texts)), theirs, atol=1e-5)
+    assert calls == [1]  # one batch, packed, in torch
+
+
+def test_lora_batches_run_packed_in_torch_as_peft_computes_them(
+    minilm_path: str, tmp_path, monkeypatch
+) -> None:
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
+
+    lora = build_lora_adapter(tmp_path / "lora", seed=5)
+    adapter = make_adapter(MINILM_SPEC, "cpu")  # the base runs in the engine
+    adapter.load(minilm_path)
+    adapter.lora.ensure("mine", str(lora))
+    texts = _mixed_texts()
+    calls = _count_packed_forwards(monkeypatch)
+    with adapter.lora.active("mine"):
+        tuned = embed(adapter, texts, batch=len(texts))
+    assert calls == [1]
+    reference = SentenceTransformer(minilm_path, device="cpu")
+    reference[0].model = PeftModel.from_pretrained(reference[0].model, str(lora))
+    theirs = reference.encode(texts, batch_size=len(texts), normalize_embeddings=True)
+    np.testing.assert_allclose(tuned, theirs, atol=1e-5)
+    # The base model's batches still run in the engine, untouched by the adapter.
+    base = embed(adapter, texts[:8])
+    assert calls == [1] and np.abs(base - tuned[:8]).max() > 1e-3
 
 
 def test_a_model_that_packing_would_change_is_served_padded(
@@ -121,7 +179,6 @@ def test_a_roberta_family_encoder_packs_with_its_own_position_numbering(
 ) -> None:
     # A tiny random RoBERTa (no XLM-R checkpoint loads offline here): its positions start
     # at padding_idx + 1, which packing must follow for the check at load to pass.
-    import msgspec
     import torch
     from sentence_transformers import SentenceTransformer, models
     from transformers import AutoTokenizer, RobertaConfig, RobertaModel
