@@ -69,8 +69,7 @@ def _cases(lora_dir: Path) -> Iterator[tuple[str, Run, Run]]:
     yield f"engine ({packed.engine()})", embed(packed), embed(padded)
     del padded
     packed.lora.ensure("random", str(lora_dir))
-    lora_padded = _loaded(MINILM_SPEC, True)
-    lora_padded._lora_packs = False
+    lora_padded = _loaded(MINILM_SPEC, False)
     lora_padded.lora.ensure("random", str(lora_dir))
     yield "LoRA batches (torch)", embed(packed, "random"), embed(lora_padded, "random")
     del packed, lora_padded

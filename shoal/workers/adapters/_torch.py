@@ -91,9 +91,6 @@ class TorchAdapter(EncoderAdapter):
     forward at load (`_torch_packs`)."""
     _engine_packs: bool = False
     """Whether the engine runs `_packed` (else padded batches, or no engine)."""
-    _lora_packs: bool = True
-    """Whether LoRA batches may run `_packed` in torch: only where the packed forward holds
-    every module peft may change by reference (transformers_heads says where not)."""
     _token_types: bool = False
     """Whether the model takes token type ids (set by `load` from its tokenizer)."""
 
@@ -341,12 +338,10 @@ class TorchAdapter(EncoderAdapter):
     def _runs_packed(self) -> bool:
         """Whether the next forward of the main graph runs packed: in the engine where it
         runs packed rows (it holds the base weights only, so not for LoRA batches), else in
-        torch wherever packing held at load (LoRA batches where `_lora_packs`)."""
+        torch wherever packing held at load."""
         if self._packed is None:
             return False
-        if self._lora_active():
-            return self._lora_packs
-        return self._engine is None or self._engine_packs
+        return self._engine is None or self._engine_packs or self._lora_active()
 
     def _run_packed(self, rows: Sequence[Tokenized]) -> np.ndarray:
         """The main graph's outputs for `rows`, packed: in the engine where it runs them

@@ -8,8 +8,8 @@ or for sparse the SPLADE weights over the vocabulary (pooled in the graph, so th
 compiled engine runs it too); turning them into entities, labels, relevance scores or
 pruned sparse vectors happens in shoal/workers/results.py, in numpy. Classify, rerank and
 NER batches run packed (`_packing`: the encoder on packed rows, the classifier on each
-input's tokens or pooled first token), in the compiled engine or in torch, where the
-load-time check holds; LoRA batches run padded.
+input's tokens or pooled first token), in the compiled engine or in torch (LoRA
+batches), where the load-time check holds.
 """
 
 from __future__ import annotations
@@ -42,9 +42,6 @@ class TransformersHeadAdapter(TorchAdapter):
     """NER, rerank and classify heads with plain transformers."""
 
     ops = frozenset({"ner", "classify", "rerank", "sparse"})
-    _lora_packs = False
-    """peft may replace the classifier itself (`modules_to_save`), which the packed head
-    holds by reference, so LoRA batches run the model's own forward, padded."""
 
     def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
         super().__init__(spec)
@@ -171,19 +168,21 @@ def _packed_logits(model: torch.nn.Module, per_token: bool) -> PackedGraph | Non
     position ids; the load-time check turns packing off where the parts do not add up to
     the model's own forward."""
     body = getattr(model, "base_model", None)
-    classifier = getattr(model, "classifier", None)
-    if body is None or body is model or classifier is None:
+    if body is None or body is model or getattr(model, "classifier", None) is None:
         return None
     if not takes_position_ids(body):
         return None
-    pooler = None if per_token else getattr(body, "pooler", None)
+    pooled = not per_token and getattr(body, "pooler", None) is not None
 
     def head(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # Looked up at each call: a LoRA adapter (peft) may replace these modules on the
+        # model itself (`modules_to_save`: its own trained copy of the classifier).
+        classifier = model.classifier
         if per_token:
             return classifier(tokens) * mask.unsqueeze(-1).to(tokens.dtype)
-        return classifier(pooler(tokens) if pooler is not None else tokens)
+        return classifier(body.pooler(tokens) if pooled else tokens)
 
-    parts = [classifier] if pooler is None else [pooler, classifier]
+    parts = [body.pooler, model.classifier] if pooled else [model.classifier]
     return PackedGraph(body, head, parts, alpha_of(model.config))
 
 

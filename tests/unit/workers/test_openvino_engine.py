@@ -1,5 +1,6 @@
 """The OpenVINO engine on the real MiniLM and MiniLM task heads (rerank, NER): the same answers as
-torch within the quality floor, LoRA adapters still in torch, a compiled copy per thread
+torch within the quality floor, LoRA adapters in torch (packed, as peft computes them,
+a head's own classifier copy included), a compiled copy per thread
 count, and a clear error where the package is missing. The shipped `auto` engine picks it
 on a CPU only when its outputs keep the exact floor against float32 torch."""
 
@@ -231,3 +232,58 @@ def test_a_missing_openvino_package_fails_the_load_clearly(minilm_path: str, mon
     adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
     with pytest.raises(RuntimeError, match="needs the openvino package"):
         adapter.load(minilm_path)
+
+
+def test_a_head_lora_with_its_own_classifier_runs_packed_as_peft_computes_it(
+    task_specs, tmp_path: Path, monkeypatch
+) -> None:
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from shoal.queue.messages import ClassifyJob
+    from shoal.workers.adapters import _packing
+
+    spec = task_specs.resolve("test-classifier")
+    # A sequence-classification LoRA keeps its own trained copy of the classifier
+    # (peft's `modules_to_save`), which peft swaps in on the model itself.
+    torch.manual_seed(7)
+    config = LoraConfig(
+        task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["query", "value"],
+        init_lora_weights=False,
+    )  # fmt: skip
+    tuned = get_peft_model(AutoModelForSequenceClassification.from_pretrained(spec.source), config)
+    with torch.no_grad():
+        for name, weight in tuned.named_parameters():
+            if "modules_to_save" in name:
+                weight.add_(torch.randn_like(weight))
+    tuned.save_pretrained(tmp_path / "lora")
+    adapter = make_adapter(spec, "cpu")  # the base runs in the engine, LoRA in torch
+    adapter.load(spec.source)
+    adapter.lora.ensure("mine", str(tmp_path / "lora"))
+    texts = load("short")[:12] + load("passages")[:2]
+    job = ClassifyJob(request_id="r", part=0, model=spec.id, reply_to="", deadline=0, texts=texts)
+    calls: list[int] = []
+    real = _packing.PackedGraph.forward
+    monkeypatch.setattr(
+        _packing.PackedGraph,
+        "forward",
+        lambda self, *a, **k: calls.append(1) or real(self, *a, **k),
+    )
+    with adapter.lora.active("mine"):
+        ours = np.asarray(adapter.forward("classify", adapter.units(job)))
+    base = np.asarray(adapter.forward("classify", adapter.units(job)))
+    assert calls == [1]  # the LoRA batch ran packed, in torch; the base one in the engine
+    reference = PeftModel.from_pretrained(
+        AutoModelForSequenceClassification.from_pretrained(spec.source), str(tmp_path / "lora")
+    ).eval()
+    tokenizer = AutoTokenizer.from_pretrained(spec.source)
+
+    def tokenize(texts: list[str], **kwargs):
+        return tokenizer(texts, truncation=True, max_length=adapter.max_length, **kwargs)
+
+    with torch.inference_mode():
+        theirs = np.concatenate(
+            [reference(**tokenize([t], return_tensors="pt")).logits.numpy() for t in texts]
+        )
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    assert np.abs(ours - base).max() > 1e-2  # the adapter (and its classifier) changed them
