@@ -188,26 +188,8 @@ class TorchAdapter(EncoderAdapter):
             with torch.inference_mode():
                 return self._torch_forward(packed, self._packed_inputs(rows, packed))
 
-        try:
-            worst = self._probe_agreement(graph, names, run)
-        except Exception as exc:  # parts that do not fit together: padded it is
-            log.warning(
-                "model %s: packed rows off (%s: %s); padded batches instead",
-                self.spec.id,
-                type(exc).__name__,
-                exc,
-            )
-            return False
-        if worst < EXACT_FLOOR:
-            log.warning(
-                "model %s: packed rows off: torch float32 on them kept a worst cosine of "
-                "%.7f to padded batches on the probe texts (floor %s); padded batches instead",
-                self.spec.id,
-                worst,
-                EXACT_FLOOR,
-            )
-            return False
-        return True
+        holds = self._packing_holds("torch float32", graph, names, EXACT_FLOOR, lambda: run)
+        return holds is not None
 
     def _compile_packed(
         self,
@@ -223,30 +205,17 @@ class TorchAdapter(EncoderAdapter):
 
         tokenizer = self.tokenizer  # type: ignore[attr-defined]
         precision = "bf16" if bf16 else "f32"
-        try:
+        compiled: list[OpenVinoGraph] = []
+
+        def compile_it() -> Callable[[list[Tokenized]], np.ndarray]:
             example = self._packed_inputs(tokenizer.texts(["a", "b"]), packed)
             engine = _openvino.OpenVinoGraph(packed, example, bf16)
+            compiled.append(engine)
             threads = torch.get_num_threads()
-            worst = self._probe_agreement(
-                graph, names, lambda rows: engine(self._packed_inputs(rows, packed), threads)
-            )
-        except Exception as exc:  # parts that do not fit together: padded it is
-            log.warning(
-                "model %s: packed rows off (%s: %s); padded batches instead",
-                self.spec.id,
-                type(exc).__name__,
-                exc,
-            )
-            return None
-        if worst < floor:
-            log.warning(
-                "model %s: packed rows off: openvino %s on them kept a worst cosine of %.7f "
-                "to float32 torch on the probe texts (floor %s); padded batches instead",
-                self.spec.id,
-                precision,
-                worst,
-                floor,
-            )
+            return lambda rows: engine(self._packed_inputs(rows, packed), threads)
+
+        worst = self._packing_holds(f"openvino {precision}", graph, names, floor, compile_it)
+        if worst is None:
             return None
         log.info(
             "model %s: engine %s: openvino %s on packed rows (worst cosine %.7f to float32 "
@@ -257,7 +226,40 @@ class TorchAdapter(EncoderAdapter):
             worst,
             floor,
         )
-        return engine
+        return compiled[0]
+
+    def _packing_holds(
+        self,
+        runner: str,
+        graph: torch.nn.Module,
+        names: list[str],
+        floor: float,
+        make: Callable[[], Callable[[list[Tokenized]], np.ndarray]],
+    ) -> float | None:
+        """The worst cosine of `make()`'s outputs (a forward of packed rows, made inside the
+        check: making it may fail too) to float32 torch's `graph` on the probe texts padded,
+        if it keeps `floor`; else None, the log saying why (`runner` names what ran)."""
+        try:
+            worst = self._probe_agreement(graph, names, make())
+        except Exception as exc:  # parts that do not fit together: padded it is
+            log.warning(
+                "model %s: packed rows off (%s: %s); padded batches instead",
+                self.spec.id,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        if worst < floor:
+            log.warning(
+                "model %s: packed rows off: %s on them kept a worst cosine of %.7f to float32 "
+                "torch on the probe texts padded (floor %s); padded batches instead",
+                self.spec.id,
+                runner,
+                worst,
+                floor,
+            )
+            return None
+        return worst
 
     def _engine_allowed(self) -> bool:
         """Whether the profile and this machine let the OpenVINO engine run the model
