@@ -42,7 +42,7 @@ def main() -> None:
 
         packed_rows(sys.argv[2:])
     elif command == "profile":
-        from perf.profile import main as profile
+        from perf.profiling import main as profile
 
         profile(sys.argv[2:])
     else:

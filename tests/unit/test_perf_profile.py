@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perf.profile import Profile, summarize
+from perf.profiling import Profile, summarize
 
 
 def test_profile_counts_threads_own_and_inclusive_time(tmp_path) -> None:

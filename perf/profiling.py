@@ -1,4 +1,6 @@
 """Where the time goes: py-spy profiles of the gateway and the worker under a fixed load.
+(Not named profile.py: run as a script, a perf/ script would import it as the standard
+library's `profile`, which cProfile, and so torch, import.)
 
     .venv/bin/python -m perf profile [--workload embed-short] [--load 0.9] [--seconds 15]
         [--profile dtype=bfloat16,...]
