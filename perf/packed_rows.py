@@ -5,8 +5,9 @@
 The packaged MiniLM through Shoal's own adapter, on seeded short texts in random order
 (as requests arrive), cut into batches of each size, each batch packed (adapters/_packing)
 or padded to its longest text, alternating, best of two rounds: on the OpenVINO engine
-(the CPU default), in torch (`engine = "torch"`), and for LoRA batches (a random adapter,
-which run in torch whatever the engine). Texts/s; results: perf/results/packed-rows-<time>.
+(the CPU default), in torch (`engine = "torch"`), for LoRA batches (a random adapter,
+which run in torch whatever the engine) and for multi-vector outputs (token vectors, in
+torch). Texts/s; results: perf/results/packed-rows-<time>.
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ def _cases(lora_dir: Path) -> Iterator[tuple[str, Run, Run]]:
 
     from tests.helpers import MINILM_SPEC
 
-    def embed(adapter, lora: str = "") -> Run:
+    def embed(adapter, lora: str = "", op: str = "embed") -> Run:
         def run(batch: list) -> object:
             with adapter.lora.active(lora):
-                return adapter.forward("embed", batch)
+                return adapter.forward(op, batch)
 
         return run
 
@@ -76,6 +77,9 @@ def _cases(lora_dir: Path) -> Iterator[tuple[str, Run, Run]]:
     profile = msgspec.structs.replace(MINILM_SPEC.profile, engine="torch")
     spec = msgspec.structs.replace(MINILM_SPEC, profile=profile)
     yield "torch (engine = torch)", embed(_loaded(spec, True)), embed(_loaded(spec, False))
+    spec = msgspec.structs.replace(MINILM_SPEC, tasks=["embed", "multivector"])
+    packed, padded = _loaded(spec, True), _loaded(spec, False)
+    yield "multi-vector (torch)", embed(packed, op="multivector"), embed(padded, op="multivector")
 
 
 def main(argv: list[str]) -> None:

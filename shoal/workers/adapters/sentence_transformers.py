@@ -7,8 +7,8 @@ overlapping the forward pass) and, for `embed` on a CPU, packs each batch: the t
 to end in rows, no padding between them (see `_packing`), through the transformer and
 then the model's own modules after it, under `torch.inference_mode` (LoRA batches too)
 or compiled by OpenVINO (see `_openvino`; the default `auto` engine where its check
-passes, or `engine = "openvino"`). Elsewhere (multi-vector, a GPU) each length-sorted
-batch is padded to its own longest row.
+passes, or `engine = "openvino"`). `multivector` batches pack too, in torch. On a GPU
+each length-sorted batch is padded to its own longest row.
 
 `multivector` returns the transformer's token vectors (before pooling), through an
 optional ColBERT-style linear projection stored in the model directory.
@@ -57,6 +57,8 @@ class SentenceTransformerAdapter(TorchAdapter):
         self._projection: torch.nn.Linear | None = None
         self.punctuation: np.ndarray | None = None
         """Per vocabulary id: whether the token is punctuation only (for multivector)."""
+        self._packed_tokens: PackedGraph | None = None
+        """Token vectors on packed rows, in torch, where they matched padded ones at load."""
 
     def load(self, path: str) -> None:
         model = SentenceTransformer(path, device=self.device)
@@ -80,10 +82,14 @@ class SentenceTransformerAdapter(TorchAdapter):
             raise ValueError(
                 f"model {self.spec.id!r} gives {dims} dims, its spec says {self.spec.dims}"
             )
+        example = self._inputs(np.ones((2, 8), dtype=np.int64))
         if "multivector" in self.spec.tasks:
             self._load_multivector(Path(path))
+            packed = _packed(model, self._projection, tokens=True)
+            tokens = _token_vectors(model, self._projection)
+            holds = packed is not None and self._torch_packs(packed, tokens, list(example))
+            self._packed_tokens = packed if holds else None
         if "embed" in self.spec.tasks:
-            example = self._inputs(np.ones((2, 8), dtype=np.int64))
             self._compile_graph(_pooled(model), example, packed=_packed(model))
 
     def _load_multivector(self, path: Path) -> None:
@@ -144,16 +150,17 @@ class SentenceTransformerAdapter(TorchAdapter):
         assert self.model is not None and self.tokenizer is not None
         if op == "embed" and self._runs_packed():
             return self._run_packed(batch)
+        if op == "multivector" and self._packed_tokens is not None:
+            packed = self._packed_inputs(batch, self._packed_tokens)
+            with self._compute():
+                tokens = self._torch_forward(self._packed_tokens, packed)
+            return [tokens[i, : len(tok.ids)] for i, tok in enumerate(batch)]
         ids, mask, _ = pad_batch(batch, self.tokenizer.pad_id, self.tokenizer.pad_left)
         inputs = self._inputs(ids, mask)
         if op == "embed":
             return self._run(_pooled(self.model), inputs)
-        features = {name: torch.from_numpy(a).to(self.device) for name, a in inputs.items()}
         with self._compute():
-            tokens = self.model(features)["token_embeddings"]
-            if self._projection is not None:
-                tokens = self._projection(tokens)
-            tokens = tokens.float().cpu().numpy()
+            tokens = self._torch_forward(_token_vectors(self.model, self._projection), inputs)
         width = ids.shape[1]
         rows = []
         for i, tok in enumerate(batch):
@@ -167,6 +174,16 @@ def _pooled(model: SentenceTransformer) -> Graph:
     return Graph(model, lambda m, features: m(features)["sentence_embedding"])
 
 
+def _token_vectors(model: SentenceTransformer, projection: torch.nn.Module | None) -> Graph:
+    """The transformer's token vectors, through the multi-vector projection if any."""
+
+    def tokens(m: SentenceTransformer, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        vectors = m(features)["token_embeddings"]
+        return projection(vectors) if projection is not None else vectors
+
+    return Graph(model, tokens)
+
+
 def _transformer_attr(first: torch.nn.Module) -> str:
     """Where the first module keeps its transformers model: sentence-transformers 6 keeps
     it in `.model`; older releases in `.auto_model`."""
@@ -174,10 +191,13 @@ def _transformer_attr(first: torch.nn.Module) -> str:
     return "model" if renamed else "auto_model"
 
 
-def _packed(model: SentenceTransformer) -> PackedGraph | None:
+def _packed(
+    model: SentenceTransformer, projection: torch.nn.Module | None = None, *, tokens: bool = False
+) -> PackedGraph | None:
     """The pooled embedding on packed rows: the transformers model on the rows, then the
-    model's own modules after it (pooling, dense, normalize) on each input's tokens. None
-    where the first module is not a transformers model taking position ids."""
+    model's own modules after it (pooling, dense, normalize) on each input's tokens; or,
+    with `tokens`, each input's token vectors (through `projection`, zero past its end).
+    None where the first module is not a transformers model taking position ids."""
     first, rest = model[0], list(model)[1:]
     body = getattr(first, _transformer_attr(first), None)
     if not isinstance(body, torch.nn.Module) or not hasattr(body, "config"):
@@ -185,10 +205,18 @@ def _packed(model: SentenceTransformer) -> PackedGraph | None:
     if not takes_position_ids(body):
         return None
 
-    def head(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        features = {"token_embeddings": tokens, "attention_mask": mask}
+    def pooled(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        features = {"token_embeddings": vectors, "attention_mask": mask}
         for module in rest:
             features = module(features)
         return features["sentence_embedding"]
 
-    return PackedGraph(body, head, rest, alpha_of(body.config))
+    def token_vectors(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if projection is not None:
+            vectors = projection(vectors)
+        return vectors * mask.unsqueeze(-1).to(vectors.dtype)
+
+    if tokens:
+        parts = [] if projection is None else [projection]
+        return PackedGraph(body, token_vectors, parts, alpha_of(body.config))
+    return PackedGraph(body, pooled, rest, alpha_of(body.config))

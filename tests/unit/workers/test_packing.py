@@ -209,3 +209,25 @@ def test_a_roberta_family_encoder_packs_with_its_own_position_numbering(
     texts = load("short")[:24] + load("passages")[:2]
     theirs = st.encode(texts, batch_size=len(texts), normalize_embeddings=True)
     np.testing.assert_allclose(embed(adapter, texts, batch=len(texts)), theirs, atol=1e-5)
+
+
+def test_token_vectors_run_packed_in_torch_as_sentence_transformers_gives_them(
+    minilm_path: str, st_model, monkeypatch
+) -> None:
+    from shoal.queue.messages import MultiVectorJob
+
+    spec = msgspec.structs.replace(MINILM_SPEC, tasks=["embed", "multivector"])
+    adapter = make_adapter(spec, "cpu")
+    adapter.load(minilm_path)
+    assert adapter._packed_tokens is not None
+    texts = _mixed_texts()
+    job = MultiVectorJob(
+        request_id="r", part=0, model=spec.id, reply_to="", deadline=0, texts=texts
+    )
+    calls = _count_packed_forwards(monkeypatch)
+    ours = adapter.forward("multivector", adapter.units(job))
+    assert calls == [1]  # one batch, packed, in torch
+    theirs = st_model.encode(texts, output_value="token_embeddings", batch_size=1)
+    assert len(ours) == len(theirs)
+    for mine, alone in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(mine, alone.numpy(), atol=1e-5)
