@@ -18,8 +18,9 @@ pending pool rather than cutting FIFO rounds keeps padding small: on short queri
 10-30 tokens, FIFO rounds of 64 ran the model at 0.73 of its speed on fully length-sorted
 batches, while this choice from a pool of four batches matched it (perf/batch_padding.py,
 results in perf/results/). The worker keeps about four batches pending for this. Where
-the engine packs a batch's inputs into rows (adapters/_packing.py) padding costs little
-either way; the choice still serves the padded paths (torch, LoRA, NER).
+a batch's inputs are packed into rows (adapters/_packing.py: on a CPU, whatever the
+engine) padding costs little either way; the choice still serves the padded paths (a
+GPU, sparse outputs, left-padded tokenizers, models whose packing check failed).
 """
 
 from __future__ import annotations

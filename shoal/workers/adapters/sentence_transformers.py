@@ -85,7 +85,7 @@ class SentenceTransformerAdapter(TorchAdapter):
         example = self._inputs(np.ones((2, 8), dtype=np.int64))
         if "multivector" in self.spec.tasks:
             self._load_multivector(Path(path))
-            packed = _packed(model, self._projection, tokens=True)
+            packed = _packed_token_vectors(model, self._projection)
             tokens = _token_vectors(model, self._projection)
             holds = packed is not None and self._torch_packs(packed, tokens, list(example))
             self._packed_tokens = packed if holds else None
@@ -191,18 +191,21 @@ def _transformer_attr(first: torch.nn.Module) -> str:
     return "model" if renamed else "auto_model"
 
 
-def _packed(
-    model: SentenceTransformer, projection: torch.nn.Module | None = None, *, tokens: bool = False
-) -> PackedGraph | None:
-    """The pooled embedding on packed rows: the transformers model on the rows, then the
-    model's own modules after it (pooling, dense, normalize) on each input's tokens; or,
-    with `tokens`, each input's token vectors (through `projection`, zero past its end).
-    None where the first module is not a transformers model taking position ids."""
-    first, rest = model[0], list(model)[1:]
+def _packed_body(model: SentenceTransformer) -> torch.nn.Module | None:
+    """The transformers model a packed forward runs on the rows: the first module's, where
+    it is one and takes position ids; else None (packing is off)."""
+    first = model[0]
     body = getattr(first, _transformer_attr(first), None)
     if not isinstance(body, torch.nn.Module) or not hasattr(body, "config"):
         return None
-    if not takes_position_ids(body):
+    return body if takes_position_ids(body) else None
+
+
+def _packed(model: SentenceTransformer) -> PackedGraph | None:
+    """The pooled embedding on packed rows: the transformers model on the rows, then the
+    model's own modules after it (pooling, dense, normalize) on each input's tokens."""
+    body, rest = _packed_body(model), list(model)[1:]
+    if body is None:
         return None
 
     def pooled(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -211,12 +214,22 @@ def _packed(
             features = module(features)
         return features["sentence_embedding"]
 
+    return PackedGraph(body, pooled, rest, alpha_of(body.config))
+
+
+def _packed_token_vectors(
+    model: SentenceTransformer, projection: torch.nn.Module | None
+) -> PackedGraph | None:
+    """Each input's token vectors on packed rows, through `projection` if any, zero past
+    the input's end."""
+    body = _packed_body(model)
+    if body is None:
+        return None
+
     def token_vectors(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if projection is not None:
             vectors = projection(vectors)
         return vectors * mask.unsqueeze(-1).to(vectors.dtype)
 
-    if tokens:
-        parts = [] if projection is None else [projection]
-        return PackedGraph(body, token_vectors, parts, alpha_of(body.config))
-    return PackedGraph(body, pooled, rest, alpha_of(body.config))
+    parts = [] if projection is None else [projection]
+    return PackedGraph(body, token_vectors, parts, alpha_of(body.config))
