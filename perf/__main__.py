@@ -3,6 +3,7 @@ engines side by side), `python -m perf chat-batch ...` (a chat batch job against
 engine, live latency under it), `python -m perf profile ...` (where the time goes),
 `python -m perf latency ...` (a low-load request's time against the forward pass),
 `python -m perf packed-rows` (packed rows against padded batches, in process),
+`python -m perf engine-ops` (the engine's time by operator, and its arithmetic rate),
 `python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/) and
 `python -m perf texts` (the text sets)."""
 
@@ -41,14 +42,18 @@ def main() -> None:
         from perf.packed_rows import main as packed_rows
 
         packed_rows(sys.argv[2:])
+    elif command == "engine-ops":
+        from perf.engine_ops import main as engine_ops
+
+        engine_ops(sys.argv[2:])
     elif command == "profile":
         from perf.profiling import main as profile
 
         profile(sys.argv[2:])
     else:
         sys.exit(
-            "usage: python -m perf knee|bakeoff|chat-batch|profile|latency|packed-rows|scale"
-            " --help"
+            "usage: python -m perf knee|bakeoff|chat-batch|profile|latency|packed-rows"
+            "|engine-ops|scale --help"
             " | python -m perf texts"
         )
 
