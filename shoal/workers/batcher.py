@@ -23,8 +23,8 @@ engine) padding costs little either way, yet the choice and the padded cost stil
 they keep passages with passages and queries with queries, so queries pack into narrow
 rows whose attention is cheap. On one passage per seven queries, costing packed batches
 by their tokens instead ran 0.93-0.95x (perf/results, "How close the engine runs"). And
-the choice serves the padded paths (a GPU, sparse outputs, left-padded tokenizers, models
-whose packing check failed).
+the choice serves the padded paths (a GPU, left-padded tokenizers, models whose packing
+check failed).
 """
 
 from __future__ import annotations

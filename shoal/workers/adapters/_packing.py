@@ -123,9 +123,12 @@ class PackedGraph(torch.nn.Module):
     gathered back into one padded row per input, and `head(tokens, mask)` makes each
     input's output from them as it would from a padded batch (pooling, a classifier).
 
-    `parts`: the modules `head` calls, held here so that a tracer takes their weights as
-    the graph's (not as constants). `alpha`: the body's matmul work per token over its
-    attention work per token and unit of row width (what `pack` weighs widths by)."""
+    `parts`: the modules `head` (and `per_token`) call, held here so that a tracer takes
+    their weights as the graph's (not as constants). `alpha`: the body's matmul work per
+    token over its attention work per token and unit of row width (what `pack` weighs
+    widths by). `per_token`, if given, maps the token states before they are gathered: a
+    head heavy per token (a masked LM's vocabulary projection) then runs on the packed
+    tokens, not on each input's padded row."""
 
     def __init__(
         self,
@@ -133,10 +136,12 @@ class PackedGraph(torch.nn.Module):
         head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         parts: Sequence[torch.nn.Module],
         alpha: float,
+        per_token: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.body = body
         self.head = head
+        self.per_token = per_token
         self.parts = torch.nn.ModuleList(parts)
         self.alpha = alpha
         # RoBERTa-family embeddings (XLM-R: multilingual-e5, bge-m3 and their rerankers)
@@ -165,6 +170,8 @@ class PackedGraph(torch.nn.Module):
         if token_type_ids is not None:
             features["token_type_ids"] = token_type_ids
         hidden = self.body(**features)[0]
+        if self.per_token is not None:
+            hidden = self.per_token(hidden)
         tokens = hidden.reshape(-1, hidden.shape[-1])[gather]
         return self.head(tokens, mask)
 

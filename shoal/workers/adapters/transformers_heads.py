@@ -82,7 +82,11 @@ class TransformersHeadAdapter(TorchAdapter):
         self.model = model
         self.lora = LoraSlots(lambda: self.model, self._set_model, self.max_loras)
         example = np.ones((2, 8), dtype=np.int64)
-        packed = None if "sparse" in self.spec.tasks else _packed_logits(model, token_level)
+        packed = (
+            _packed_splade(model)
+            if "sparse" in self.spec.tasks
+            else _packed_logits(model, token_level)
+        )
         self._compile_graph(
             self._graph(model), self._inputs(example, example, example), packed=packed
         )
@@ -184,6 +188,29 @@ def _packed_logits(model: torch.nn.Module, per_token: bool) -> PackedGraph | Non
 
     parts = [body.pooler, model.classifier] if pooled else [model.classifier]
     return PackedGraph(body, head, parts, alpha_of(model.config))
+
+
+def _packed_splade(model: torch.nn.Module) -> PackedGraph | None:
+    """SPLADE weights on packed rows: the masked LM's head (`cls`, BERT's; `lm_head`,
+    RoBERTa's) and log(1 + relu) on every packed token, before each input's tokens are
+    gathered (the vocabulary-wide head costs about as much per token as MiniLM's layers,
+    so it runs on the packed tokens, not on padded ones), then each input's max. None where
+    the model has no such parts or its encoder takes no position ids."""
+    body = getattr(model, "base_model", None)
+    name = next((n for n in ("cls", "lm_head") if getattr(model, n, None) is not None), None)
+    if body is None or body is model or name is None or not takes_position_ids(body):
+        return None
+
+    def weights(states: torch.Tensor) -> torch.Tensor:
+        # Looked up at each call, as the classifiers are (a LoRA may swap the module).
+        return torch.log1p(torch.relu(getattr(model, name)(states)))
+
+    def pooled(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # Past an input's end `gather` points at token 0: masked out, as SPLADE masks
+        # padding (the weights are >= 0, so zeros never win the max over real ones).
+        return (tokens * mask.unsqueeze(-1).to(tokens.dtype)).amax(dim=1)
+
+    return PackedGraph(body, pooled, [getattr(model, name)], alpha_of(model.config), weights)
 
 
 def _splade(model: torch.nn.Module) -> Graph:

@@ -17,7 +17,7 @@ import torch
 
 from perf.texts import load
 from shoal.model_registry import ModelRegistry, ModelSpec
-from shoal.queue.messages import NerJob, RerankJob
+from shoal.queue.messages import NerJob, RerankJob, SparseJob
 from shoal.workers.adapters import _openvino, make_adapter
 from shoal.workers.adapters._torch import cpu_has_native_bf16
 from shoal.workers.quality import QUALITY_FLOOR, cosine_vs_float32, embed
@@ -195,7 +195,9 @@ def task_specs(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
     return ModelRegistry.from_files(build_task_models(tmp_path_factory.mktemp("tasks")))
 
 
-@pytest.mark.parametrize(("model", "op"), [("test-reranker", "rerank"), ("test-ner", "ner")])
+@pytest.mark.parametrize(
+    ("model", "op"), [("test-reranker", "rerank"), ("test-ner", "ner"), ("test-splade", "sparse")]
+)
 def test_task_heads_answer_the_same_in_openvino_picked_by_auto(
     task_specs, model: str, op: str
 ) -> None:
@@ -218,6 +220,8 @@ def test_task_heads_answer_the_same_in_openvino_picked_by_auto(
         RerankJob(**common, query="where do salmon spawn", documents=texts)
         if op == "rerank"
         else NerJob(**common, texts=texts)
+        if op == "ner"
+        else SparseJob(**common, texts=texts)
     )
     torch_out, openvino_out, padded = (a.forward(op, a.units(job)) for a in adapters)
     assert len(torch_out) == len(openvino_out) == len(padded) == len(adapters[0].units(job))
