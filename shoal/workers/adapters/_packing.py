@@ -99,12 +99,13 @@ def _first_fit(lengths: np.ndarray, order: np.ndarray, width: int) -> tuple[np.n
 def packed_inputs(packed: Packed, types: bool) -> dict[str, np.ndarray]:
     """What `PackedGraph` takes for `packed` (`types`: whether the model takes token type
     ids), in its argument order: the rows, and where each input's tokens lie in the rows
-    flattened (`gather`, `(inputs, longest)`, 0 past an input's end) with its mask."""
+    flattened (`gather`, `(inputs, longest)`; past an input's end, its first token again,
+    so that a max over its row needs no mask) with its mask."""
     longest = int(packed.length.max())
     columns = np.arange(longest)[None, :]
     mask = (columns < packed.length[:, None]).astype(np.int64)
-    width = packed.ids.shape[1]
-    gather = np.where(mask > 0, (packed.row * width + packed.start)[:, None] + columns, 0)
+    first = (packed.row * packed.ids.shape[1] + packed.start)[:, None]
+    gather = np.where(mask > 0, first + columns, first)
     inputs = {
         "input_ids": packed.ids,
         "segments": packed.segments,

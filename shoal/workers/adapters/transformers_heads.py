@@ -206,9 +206,9 @@ def _packed_splade(model: torch.nn.Module) -> PackedGraph | None:
         return torch.log1p(torch.relu(getattr(model, name)(states)))
 
     def pooled(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # Past an input's end `gather` points at token 0: masked out, as SPLADE masks
-        # padding (the weights are >= 0, so zeros never win the max over real ones).
-        return (tokens * mask.unsqueeze(-1).to(tokens.dtype)).amax(dim=1)
+        # Past an input's end `gather` repeats its first token, which leaves the max as it
+        # is: no mask to multiply through a vocabulary-wide copy.
+        return tokens.amax(dim=1)
 
     return PackedGraph(body, pooled, [getattr(model, name)], alpha_of(model.config), weights)
 
