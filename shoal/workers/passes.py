@@ -13,6 +13,11 @@ at half the knee, pairing doubled the p50 (62 against 39 ms, short texts, 2 core
 pairing, a pass computing beside nothing counts 0.5: the work a pass alone would do in
 half the time; so `leave` is above 0.5, or one pass at a time on one stream would look
 busy enough to stay paired at half the knee (measured: p50 51 ms there, 37 alone).
+
+A pass beside another takes half the batch token budget: on half the threads it then ends
+about when a full batch alone would, so a request queued behind it waits no longer than
+behind one pass alone (near the knee on passages, 2 cores: p99 382 against 577 ms, with
+the same throughput; perf/results/README.md).
 """
 
 from __future__ import annotations

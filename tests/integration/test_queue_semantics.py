@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -29,6 +30,7 @@ from shoal.queue.payloads import PayloadStore
 from shoal.queue.provision import ensure_consumer, ensure_work_stream
 from shoal.workers.adapters.dummy import DummyAdapter
 from shoal.workers.encoder_worker import EncoderWorker
+from shoal.workers.passes import PassPlanner
 
 SPEC = ModelSpec(
     id="dummy/enc",
@@ -107,7 +109,7 @@ class Harness:
 
     async def add_worker(self, adapter: DummyAdapter | None = None) -> EncoderWorker:
         bus = await Bus.connect(self.settings.nats, "test-worker")
-        registry = LiveRegistry(ModelRegistry([SPEC]))
+        registry = LiveRegistry(ModelRegistry([adapter.spec if adapter else SPEC]))
         worker = EncoderWorker(
             self.settings, bus, registry, [adapter or DummyAdapter(SPEC)], payloads=self.payloads
         )
@@ -196,6 +198,35 @@ class SlowWordAdapter(DummyAdapter):
             self._loop.call_soon_threadsafe(self.slow_started.set)
             time.sleep(self.SLOW_S)
         return super().embed(batch)
+
+
+class PairingAdapter(DummyAdapter):
+    """Runs passes side by side, as the OpenVINO engine does, each slowly enough that
+    requests pile up behind it."""
+
+    def runs_side_by_side(self, op: str, lora: str) -> bool:
+        return True
+
+    def embed(self, batch):
+        time.sleep(0.05)
+        return super().embed(batch)
+
+
+async def test_a_pass_beside_another_takes_half_the_token_budget(harness: Harness) -> None:
+    # Eight inputs of 8 tokens fill the 64-token budget of a pass alone; beside another,
+    # on half the threads, a pass takes 32 tokens, so it ends when a full one alone would.
+    spec = msgspec.structs.replace(
+        SPEC, profile=BatchProfile(max_batch_tokens=64, max_batch_items=16, threads=2)
+    )
+    adapter = PairingAdapter(spec)
+    worker = await harness.add_worker(adapter)
+    worker.kind.passes = PassPlanner(time.monotonic, pairs=True, enter=0.0, leave=-1.0)
+    texts = [f"w{i} a b c d e" for i in range(48)]  # 6 words: 8 tokens with CLS and SEP
+    results = await asyncio.gather(*(harness.embed([t]) for t in texts))
+    for text, got in zip(texts, results, strict=True):
+        np.testing.assert_allclose(got, expected([text]), rtol=1e-6)
+    assert worker.kind.passes.side_by_side > 0
+    assert max(adapter.batches[1:]) == 4, adapter.batches  # after the warm-up's
 
 
 async def test_a_busy_worker_leaves_new_work_to_an_idle_one(harness: Harness) -> None:
