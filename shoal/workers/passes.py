@@ -17,7 +17,7 @@ busy enough to stay paired at half the knee (measured: p50 51 ms there, 37 alone
 A pass beside another takes half the batch token budget: on half the threads it then ends
 about when a full batch alone would, so a request queued behind it waits no longer than
 behind one pass alone (near the knee on passages, 2 cores: p99 382 against 577 ms, with
-the same throughput; perf/results/README.md).
+a knee as high or a little higher; perf/results/README.md).
 """
 
 from __future__ import annotations
