@@ -164,6 +164,15 @@ def _logits(model: torch.nn.Module) -> Graph:
     return Graph(model, lambda m, features: m(**features).logits)
 
 
+def _packed_body(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The encoder under a transformers head model that a packed forward runs on the rows:
+    its base model, where it has one of its own that takes position ids; else None."""
+    body = getattr(model, "base_model", None)
+    if body is None or body is model or not takes_position_ids(body):
+        return None
+    return body
+
+
 def _packed_logits(model: torch.nn.Module, per_token: bool) -> PackedGraph | None:
     """The head's logits on packed rows: the encoder on the rows, then on each input's
     tokens the classifier, per token (`per_token`, NER: zero past the input's end) or on
@@ -171,10 +180,8 @@ def _packed_logits(model: torch.nn.Module, per_token: bool) -> PackedGraph | Non
     the tokens itself). None where the model has no such parts or its encoder takes no
     position ids; the load-time check turns packing off where the parts do not add up to
     the model's own forward."""
-    body = getattr(model, "base_model", None)
-    if body is None or body is model or getattr(model, "classifier", None) is None:
-        return None
-    if not takes_position_ids(body):
+    body = _packed_body(model)
+    if body is None or getattr(model, "classifier", None) is None:
         return None
     pooled = not per_token and getattr(body, "pooler", None) is not None
 
@@ -196,14 +203,14 @@ def _packed_splade(model: torch.nn.Module) -> PackedGraph | None:
     gathered (the vocabulary-wide head costs about as much per token as MiniLM's layers,
     so it runs on the packed tokens, not on padded ones), then each input's max. None where
     the model has no such parts or its encoder takes no position ids."""
-    body = getattr(model, "base_model", None)
+    body = _packed_body(model)
     name = next((n for n in ("cls", "lm_head") if getattr(model, n, None) is not None), None)
-    if body is None or body is model or name is None or not takes_position_ids(body):
+    if body is None or name is None:
         return None
 
     def weights(states: torch.Tensor) -> torch.Tensor:
         # Looked up at each call, as the classifiers are (a LoRA may swap the module).
-        return torch.log1p(torch.relu(getattr(model, name)(states)))
+        return _saturated(getattr(model, name)(states))
 
     def pooled(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Past an input's end `gather` repeats its first token, which leaves the max as it
@@ -220,6 +227,11 @@ def _splade(model: torch.nn.Module) -> Graph:
     def weights(m: torch.nn.Module, features: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = m(**features).logits
         mask = features["attention_mask"].unsqueeze(-1).to(logits.dtype)
-        return (torch.log1p(torch.relu(logits)) * mask).amax(dim=1)
+        return (_saturated(logits) * mask).amax(dim=1)
 
     return Graph(model, weights)
+
+
+def _saturated(logits: torch.Tensor) -> torch.Tensor:
+    """SPLADE's weight of each vocabulary id at a token: log(1 + relu(logit))."""
+    return torch.log1p(torch.relu(logits))
