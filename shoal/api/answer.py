@@ -106,13 +106,17 @@ async def generate(gateway: Gateway, request: GenerationRequest) -> Response | S
     """A chat or completion response: streamed as SSE when the request asks, else whole."""
     generation = start_generation(gateway, request)
     if request.stream:
-        return Stream(_sse(request.events(generation)), media_type=SSE)
+        # Chat and completions streams end with `data: [DONE]`; the Responses API's ends
+        # at its last event (`response.completed`, `response.incomplete` or `error`).
+        done = not isinstance(request, ResponseRequest)
+        return Stream(_sse(request.events(generation), done), media_type=SSE)
     return Response(await request.collect(generation))
 
 
-async def _sse(events: AsyncIterator[msgspec.Struct]) -> AsyncIterator[bytes]:
+async def _sse(events: AsyncIterator[msgspec.Struct], done: bool) -> AsyncIterator[bytes]:
     """Server-sent events as OpenAI sends them. An error after the stream started cannot
-    change the status any more: it goes as an OpenAI error event, then the stream ends."""
+    change the status any more: it goes as an OpenAI error event, then the stream ends
+    (the Responses API's events send their own typed `error` event instead)."""
     try:
         async for event in events:
             # The Responses API names each event in an `event:` line too.
@@ -121,7 +125,8 @@ async def _sse(events: AsyncIterator[msgspec.Struct]) -> AsyncIterator[bytes]:
             yield named + b"data: " + _encode_json(event) + b"\n\n"
     except ShoalError as exc:
         yield b"data: " + _encode_json(exc.to_response()) + b"\n\n"
-    yield b"data: [DONE]\n\n"
+    if done:
+        yield b"data: [DONE]\n\n"
 
 
 class Endpoint(NamedTuple):

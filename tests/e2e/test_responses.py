@@ -5,6 +5,7 @@ SDK's stream accumulator checks, and clear 400s for what is not served."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pydantic
 import pytest
@@ -120,6 +121,36 @@ def test_a_cut_stream_ends_incomplete(client) -> None:
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
     assert events[-1].response.usage.output_tokens == 3
+
+
+def _sse_blocks(url: str, body: dict) -> list[str]:
+    with httpx.stream("POST", url, json=body, timeout=120) as r:
+        assert r.status_code == 200
+        return [block for block in r.read().decode().split("\n\n") if block.strip()]
+
+
+@pytest.mark.parametrize(
+    ("question", "max_output_tokens", "last"),
+    [
+        (QUESTION, 40, "response.completed"),
+        ("Count from one to fifty in words.", 3, "response.incomplete"),
+    ],
+)
+def test_a_streamed_response_ends_at_its_last_event_without_done(
+    stack: str, question: str, max_output_tokens: int, last: str
+) -> None:
+    """OpenAI's Responses stream has no `data: [DONE]` (chat's does): it ends at
+    `response.completed` or `response.incomplete`."""
+    body = {"model": GEN_MODEL, "instructions": INSTRUCTIONS, "input": question}
+    body |= {"temperature": 0, "stream": True}
+    blocks = _sse_blocks(f"{stack}/v1/responses", {**body, "max_output_tokens": max_output_tokens})
+    assert blocks[-1].startswith(f"event: {last}\ndata: ")
+    assert not any("[DONE]" in block for block in blocks)
+    chat = {"model": GEN_MODEL, "messages": [{"role": "user", "content": QUESTION}]}
+    chat_blocks = _sse_blocks(
+        f"{stack}/v1/chat/completions", {**chat, "max_tokens": 3, "stream": True}
+    )
+    assert chat_blocks[-1] == "data: [DONE]"
 
 
 class City(pydantic.BaseModel):

@@ -209,3 +209,55 @@ def test_an_openai_agents_agent_calls_a_function_tool(stack: str) -> None:
             model=GEN_MODEL, openai_client=client(base_url=f"{stack}/v1", api_key="unused")
         )
     )
+
+
+def get_weather(city: str, unit: str) -> str:
+    """Weather in a city.
+
+    Args:
+        city: the city's name
+        unit: celsius or fahrenheit
+    """
+    return f"sunny in {city}"
+
+
+def test_langchain_streams_the_same_call_it_invokes(stack: str) -> None:
+    """langchain-openai reads `chunk.choices[0]` only: a streamed call whose arguments or
+    finish reason shared a chunk with its name reached it with `args: {}`."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model=GEN_MODEL, base_url=f"{stack}/v1", api_key="unused", temperature=0, max_tokens=60
+    ).bind_tools([get_weather], tool_choice="get_weather")
+    question = "What is the weather in Oslo?"
+    invoked = llm.invoke(question)
+    chunks = list(llm.stream(question))
+    streamed = chunks[0]
+    for chunk in chunks[1:]:
+        streamed += chunk
+    [call] = invoked.tool_calls
+    assert call["name"] == "get_weather" and set(call["args"]) == {"city", "unit"}
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(call["name"], call["args"])]
+    assert streamed.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_a_plain_loop_over_choices_0_gets_a_streamed_call(client) -> None:
+    """The openai SDK iterated the commonest way: each chunk's `choices[0]`."""
+    stream = client.chat.completions.create(
+        model=GEN_MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=100,
+        temperature=0,
+        stream=True,
+    )
+    name, arguments, finish = "", "", None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        for call in choice.delta.tool_calls or []:
+            name += call.function.name or ""
+            arguments += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    assert name == "get_weather" and finish == "tool_calls"
+    jsonschema.validate(json.loads(arguments), WEATHER)

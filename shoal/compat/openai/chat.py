@@ -26,6 +26,7 @@ from .generation import (
     Usage,
     chat_logprob,
     check_max_tokens,
+    one_entry_per_choice,
 )
 from .tools import (
     NamedToolChoice,
@@ -188,8 +189,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, dict=True):
         plan = self.tool_plan
         held = _HeldCalls(plan, self.n)
         async for deltas in stream:
-            choices = [c for d in deltas for c in held.chunk_choices(d, self.logprobs)]
-            if choices:
+            entries = (c for d in deltas for c in held.chunk_choices(d, self.logprobs))
+            for choices in one_entry_per_choice(entries):
                 yield ChatCompletionChunk(cid, choices, created, model)
         if self.include_usage:
             usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
@@ -216,8 +217,9 @@ def joined_text(content: str | list | None, where: str, kinds: tuple[str, ...] =
 class _HeldCalls:
     """Streams each choice's text, except text that may be a tool call: a forced call, or,
     with tools offered, text that opens with `{`. That is held to the choice's end and
-    sent as OpenAI streams a call (the id and name, then the arguments, then
-    `finish_reason: tool_calls`), or as the text it turned out to be."""
+    sent as OpenAI streams a call, as three entries for three consecutive chunks (the id
+    and name, then the arguments, then `finish_reason: tool_calls`), or as the text it
+    turned out to be."""
 
     def __init__(self, plan: ToolPlan, n: int) -> None:
         self.plan = plan

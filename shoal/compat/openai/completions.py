@@ -16,7 +16,14 @@ from .._constraints import ModelName
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
 from ..jobs import Envelope, check_count, check_texts
-from .generation import DeltaStream, MaxTokens, SamplingFields, Usage, check_max_tokens
+from .generation import (
+    DeltaStream,
+    MaxTokens,
+    SamplingFields,
+    Usage,
+    check_max_tokens,
+    one_entry_per_choice,
+)
 
 __all__ = ["Completion", "CompletionChunk", "CompletionRequest"]
 
@@ -93,15 +100,16 @@ class CompletionRequest(SamplingFields, kw_only=True):
         with_logprobs = self.logprobs is not None
         echoed: set[int] = set()
         async for deltas in stream:
-            choices = []
+            entries = []
             for d in deltas:
                 text = d.text
                 if self.echo and d.index not in echoed:
                     echoed.add(d.index)
                     text = stream.prompts[d.index] + text
                 lps = LegacyLogprobs.of(d.logprobs, 0) if with_logprobs else None
-                choices.append(CompletionChoice(text, d.index, lps, d.finish_reason or None))
-            yield CompletionChunk(cid, choices, created, model)
+                entries.append(CompletionChoice(text, d.index, lps, d.finish_reason or None))
+            for choices in one_entry_per_choice(entries):
+                yield CompletionChunk(cid, choices, created, model)
         if self.include_usage:
             usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
             yield CompletionChunk(cid, [], created, model, usage)

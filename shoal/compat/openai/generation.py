@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal, Protocol
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -26,6 +26,7 @@ __all__ = [
     "chat_logprob",
     "check_json_schema",
     "check_max_tokens",
+    "one_entry_per_choice",
 ]
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
@@ -222,3 +223,29 @@ class ChatLogprob(msgspec.Struct):
 
 def chat_logprob(lp: TokenLogprob) -> ChatLogprob:
     return ChatLogprob(lp.token, lp.logprob, lp.bytes, [TopLogprob(t, v, b) for t, v, b in lp.top])
+
+
+class _ChoiceEntry(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
+E = TypeVar("E", bound=_ChoiceEntry)
+
+
+def one_entry_per_choice(entries: Iterable[E]) -> Iterator[list[E]]:
+    """A step's choice entries as the `choices` of consecutive chunks, in order, a new
+    chunk wherever a choice's index would repeat. OpenAI sends at most one delta per
+    choice in a chunk, and most clients read only `chunk.choices[0]` (LangChain, the
+    openai SDK's examples): a second entry for a choice in the same chunk is lost to them.
+    Every streamed route builds its chunks through this."""
+    chunk: list[E] = []
+    indices: set[int] = set()
+    for entry in entries:
+        if entry.index in indices:
+            yield chunk
+            chunk, indices = [], set()
+        chunk.append(entry)
+        indices.add(entry.index)
+    if chunk:
+        yield chunk
