@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -15,11 +16,14 @@ from tests.helpers import stop_with_ctrl_c, wait_ready
 
 pytestmark = pytest.mark.slow
 
+SECRET = "s3-secret-that-must-stay-private"
+
 
 def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, model_name) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
     env["SHOAL_DATA_DIR"] = str(tmp_path / "data")
+    env["SHOAL_S3__SECRET_ACCESS_KEY"] = SECRET  # what the children's settings carry
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
     serve = subprocess.Popen(
         [sys.executable, "-m", "shoal", "serve", "--port", str(port)],
@@ -33,6 +37,12 @@ def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, mode
         names = " ".join(" ".join(c.cmdline()) for c in children)
         assert "nats-server" in names and "worker" in names and "gateway" in names
         assert (tmp_path / "data" / "nats").is_dir()  # JetStream data in the data dir
+        # The children's settings hold secrets: this user's alone, in a private data dir.
+        settings = tmp_path / "data" / "run" / "settings.json"
+        assert SECRET.encode() in settings.read_bytes()
+        assert stat.S_IMODE(settings.stat().st_mode) == 0o600
+        for private in (tmp_path / "data", tmp_path / "data" / "run"):
+            assert stat.S_IMODE(private.stat().st_mode) == 0o700
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
         response = client.embeddings.create(model=model_name, input=["hello", "world"])
@@ -43,4 +53,5 @@ def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, mode
         if serve.poll() is None:
             serve.kill()
         log.close()
-    assert b"stopped" in (tmp_path / "serve.log").read_bytes()
+    logged = (tmp_path / "serve.log").read_bytes()
+    assert b"stopped" in logged and SECRET.encode() not in logged
