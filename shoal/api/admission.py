@@ -4,8 +4,9 @@ Before a request's body is read, in this order:
 
 1. API key (when keys are configured): 401 without a known `Authorization: Bearer` key;
 2. permission: 403 for a route group the key may not call (`/admin` needs an admin key);
-3. rate limits of the key (requests and tokens per minute): 429 with `Retry-After` and
-   `x-ratelimit-*` headers (sent on every response of a rate-limited key);
+3. rate limits of the key (requests per minute, and tokens per minute on the routes that
+   do work): 429 with `Retry-After` and `x-ratelimit-*` headers (sent on every response
+   of a rate-limited key);
 4. the gateway's in-flight bound on work routes: 429 with `Retry-After`, so under
    overload its memory stays bounded by `max_in_flight` requests, not by the load.
 
@@ -13,14 +14,21 @@ A work request then runs as its own task, cancelled if the client leaves before 
 response is sent (the dispatcher then tells workers to drop its work), with two context
 variables the runtime reads: the caller (for the model allowlist) and a usage meter
 (tokens used, charged to the key's allowance at the end).
+
+A batch line is checked the same way when it runs (`Admission.admit_line`): the route group of the
+batch's endpoint, the model allowlist, and the tokens per minute, which its usage is
+charged to (`Admission.metered`). Lines are not HTTP requests, so they take nothing from the
+requests per minute; the batch's own flow control bounds how many run at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -155,14 +163,42 @@ class RateLimitedError(ShoalError):
 
 
 class Admission:
-    """The state admission shares across routes: Litestar builds a middleware instance
-    per route handler, so keys, buckets and the in-flight count live here, once per app."""
+    """The state admission shares across routes and the batch runner: Litestar builds a
+    middleware instance per route handler, so keys, buckets and the in-flight count live
+    here, once per app."""
 
     def __init__(self, settings: Settings) -> None:
         self.keys = KeyRing(settings.auth)
         self.limiter = RateLimiter()
         self.max_in_flight = settings.gateway.max_in_flight
         self.in_flight = 0
+
+    def admit_line(self, principal: Principal, group: str) -> None:
+        """Check a batch line as its live request would be checked when it runs.
+
+        Raises:
+            PermissionDeniedError: the key may not call `group` (any more).
+            RateLimitedError: the key's tokens per minute are spent (the runner retries
+                after `retry_after`, so a batch goes at the key's token rate).
+        """
+        if not principal.may_call(group):
+            raise _denied(principal, group)
+        wait = self.limiter.tokens_wait(principal.name, principal.tpm)
+        if wait:
+            raise _over_limit(principal, "tokens", wait)
+
+    @contextlib.contextmanager
+    def metered(self, principal: Principal | None) -> Iterator[UsageMeter]:
+        """Count the tokens used inside (`meter_usage`) and charge them to `principal`'s
+        tokens per minute at the end."""
+        meter = UsageMeter()
+        token = current_usage.set(meter)
+        try:
+            yield meter
+        finally:
+            current_usage.reset(token)
+            if principal is not None:
+                self.limiter.charge(principal.name, principal.tpm, meter.tokens)
 
 
 class AdmissionMiddleware:
@@ -183,23 +219,20 @@ class AdmissionMiddleware:
         gate = self.gate
         principal: Principal | None = None
         extra: list[tuple[bytes, bytes]] = []
+        counted = group in _WORK_GROUPS
         try:
             if gate.keys.enabled:
                 principal = gate.keys.authenticate(_header(scope, b"authorization"))
                 if not principal.may_call(group):
                     raise _denied(principal, group)
-                if principal.rpm or principal.tpm:
-                    verdict = gate.limiter.admit(principal.name, principal.rpm, principal.tpm)
+                # Tokens are spent by work routes only: a key out of tokens still lists
+                # models, uploads files and reads its batches' progress.
+                tpm = principal.tpm if counted else 0
+                if principal.rpm or tpm:
+                    verdict = gate.limiter.admit(principal.name, principal.rpm, tpm)
                     extra = verdict.headers
                     if not verdict.allowed:
-                        log.info("key %s over its %s limit", principal.name, verdict.limit)
-                        raise RateLimitedError(
-                            f"Rate limit reached for key '{principal.name}' on {verdict.limit} "
-                            f"per minute; retry after {verdict.retry_after:.1f}s",
-                            verdict.limit,
-                            verdict.retry_after,
-                        )
-            counted = group in _WORK_GROUPS
+                        raise _over_limit(principal, verdict.limit, verdict.retry_after)
             if counted and gate.in_flight >= gate.max_in_flight:
                 raise OverloadedError(
                     "This gateway holds as many requests as it may; retry after a moment",
@@ -209,23 +242,21 @@ class AdmissionMiddleware:
         except ShoalError as exc:
             await _send_error(send, exc, extra)
             return
-        meter = UsageMeter()
-        tokens = (current_principal.set(principal), current_usage.set(meter))
+        token = current_principal.set(principal)
         if extra:
             send = _with_headers(send, extra)
         try:
-            if counted:
-                gate.in_flight += 1
-                await _run_until_disconnect(self.app, scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
+            with gate.metered(principal):
+                if counted:
+                    gate.in_flight += 1
+                    try:
+                        await _run_until_disconnect(self.app, scope, receive, send)
+                    finally:
+                        gate.in_flight -= 1
+                else:
+                    await self.app(scope, receive, send)
         finally:
-            if counted:
-                gate.in_flight -= 1
-            current_usage.reset(tokens[1])
-            current_principal.reset(tokens[0])
-            if principal is not None:
-                gate.limiter.charge(principal.name, principal.tpm, meter.tokens)
+            current_principal.reset(token)
 
 
 async def _run_until_disconnect(app: Any, scope: Any, receive: Any, send: Any) -> None:
@@ -266,6 +297,16 @@ async def _run_until_disconnect(app: Any, scope: Any, receive: Any, send: Any) -
             raise  # cancelled from outside (shutdown), not because the client left
     finally:
         watcher.cancel()
+
+
+def _over_limit(principal: Principal, limit: str, retry_after: float) -> ShoalError:
+    log.info("key %s over its %s limit", principal.name, limit)
+    return RateLimitedError(
+        f"Rate limit reached for key '{principal.name}' on {limit} per minute; "
+        f"retry after {retry_after:.1f}s",
+        limit,
+        retry_after,
+    )
 
 
 def _denied(principal: Principal, group: str) -> ShoalError:

@@ -54,7 +54,7 @@ def _provide_gateway(state: State) -> Gateway:
     return state.gateway
 
 
-def _lifespan(settings: Settings, stop: asyncio.Event | None):
+def _lifespan(settings: Settings, stop: asyncio.Event | None, admission: Admission):
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         try:
@@ -65,7 +65,9 @@ def _lifespan(settings: Settings, stop: asyncio.Event | None):
             return
         app.state.gateway = gateway
         app.state.status = StatusBoard(gateway, app.state.observer)
-        runner = BatchRunner(gateway, settings.batches) if settings.batches.run_batches else None
+        runner = None
+        if settings.batches.run_batches:
+            runner = BatchRunner(gateway, settings.batches, admission)
         if runner is not None:
             runner.start()
         try:
@@ -81,6 +83,7 @@ def _lifespan(settings: Settings, stop: asyncio.Event | None):
 def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litestar:
     """The gateway app; `stop`, once set, ends its start-up wait for NATS."""
     observer = Observer()
+    admission = Admission(settings)
     return Litestar(
         route_handlers=[
             ChatController,
@@ -103,12 +106,12 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             StatusController,
         ],
         dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
-        lifespan=[_lifespan(settings, stop)],
+        lifespan=[_lifespan(settings, stop, admission)],
         # Keys, rate limits and the in-flight bound are checked before a body is read.
         # Outermost: requests are timed and counted whatever admission says.
         middleware=[
             DefineMiddleware(ObserveMiddleware, observer=observer),
-            DefineMiddleware(AdmissionMiddleware, admission=Admission(settings)),
+            DefineMiddleware(AdmissionMiddleware, admission=admission),
         ],
         state=State({"observer": observer}),
         exception_handlers=exception_handlers,

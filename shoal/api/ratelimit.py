@@ -114,6 +114,14 @@ class RateLimiter:
             return Verdict(False, wait, headers, limit)
         return Verdict(True, 0.0, headers, "")
 
+    def tokens_wait(self, key: str, tpm: int) -> float:
+        """Seconds until `key` has tokens again (0: it has some now, or no limit); takes
+        nothing. Batch lines ask this: they are not requests, but their tokens count."""
+        if tpm <= 0:
+            return 0.0
+        bucket = self._bucket(self._tokens, key, tpm, self._clock())
+        return 0.0 if bucket.level > 0 else bucket.wait_for(1)
+
     def charge(self, key: str, tpm: int, tokens: int) -> None:
         """Take the tokens a finished request used from `key`'s token allowance."""
         if tpm <= 0 or tokens <= 0:

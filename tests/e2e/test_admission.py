@@ -19,7 +19,7 @@ import pytest
 
 from shoal.api.keys import hash_key
 from shoal.queue.embedded import EmbeddedNats, free_port
-from tests.e2e.test_batches import wait_batch
+from tests.e2e.test_batches import embed_lines, output_lines, submit, wait_batch
 from tests.helpers import (
     GEN_MODEL,
     MODEL,
@@ -41,6 +41,8 @@ KEYS = {
     "slow": "sk-shoal-test-slow-0123456789",
     "frugal": "sk-shoal-test-frugal-0123456789",
     "batcher": "sk-shoal-test-batcher-0123456789",
+    "filer": "sk-shoal-test-filer-0123456789",
+    "metered": "sk-shoal-test-metered-0123456789",
 }
 ENTRIES = [
     {"name": "root", "sha256": hash_key(KEYS["root"]), "admin": True},
@@ -55,9 +57,11 @@ ENTRIES = [
     {
         "name": "batcher",
         "sha256": hash_key(KEYS["batcher"]),
-        "routes": ["files", "batches"],
+        "routes": ["files", "batches", "embeddings"],
         "models": [MODEL],
     },
+    {"name": "filer", "sha256": hash_key(KEYS["filer"]), "routes": ["files", "batches"]},
+    {"name": "metered", "sha256": hash_key(KEYS["metered"]), "tpm": 40},
 ]
 
 
@@ -230,6 +234,40 @@ def test_batch_lines_run_with_the_creating_keys_model_allowlist(secured, tmp_pat
     allowed = run([MODEL, MODEL])
     assert allowed.status == "completed", allowed
     assert allowed.request_counts.completed == 2
+
+
+def test_a_batch_line_is_refused_a_route_group_its_key_may_not_call(secured) -> None:
+    """A key for files and batches only gets 403 on /v1/embeddings, live or as a batch
+    line: each line fails with the live call's error, none runs."""
+    base, _ = secured
+    filer = client(base, KEYS["filer"])
+    with pytest.raises(openai.PermissionDeniedError) as live:
+        filer.embeddings.create(model=MODEL, input="text")
+    batch = submit(filer, embed_lines(3), "/v1/embeddings")
+    done = wait_batch(filer, batch.id)
+    assert done.status == "completed", done
+    assert (done.request_counts.completed, done.request_counts.failed) == (0, 3)
+    failed = output_lines(filer, done.error_file_id)
+    assert sorted(line["custom_id"] for line in failed) == ["e-0", "e-1", "e-2"]
+    for line in failed:
+        assert line["response"]["status_code"] == 403
+        assert line["response"]["body"] == live.value.response.json()
+
+
+def test_batch_lines_count_toward_the_keys_tokens_per_minute(secured) -> None:
+    """A batch's tokens are charged to its key as live requests' are: after a batch that
+    used more than a minute's allowance, the key's live requests wait for it to refill."""
+    base, _ = secured
+    metered = client(base, KEYS["metered"])
+    metered.embeddings.create(model=MODEL, input="short")  # the allowance is there
+    lines = embed_lines(2)
+    for line in lines:
+        line["body"]["input"] = "batch tokens are counted like live ones " * 3
+    done = wait_batch(metered, submit(metered, lines, "/v1/embeddings").id)
+    assert (done.status, done.request_counts.completed) == ("completed", 2), done
+    with pytest.raises(openai.RateLimitError) as caught:
+        metered.embeddings.create(model=MODEL, input="short")
+    assert error_of(caught.value)["type"] == "tokens"
 
 
 def test_keys_never_reach_the_log(secured) -> None:

@@ -14,7 +14,7 @@ import msgspec
 from ...compat.errors import InternalError, ShoalError
 from ...compat.openai.batches import BatchError, BatchErrors, RequestCounts
 from ...queue.objects import ObjectStoreError
-from ..admission import current_principal
+from ..admission import current_principal, route_group
 from ..answer import BATCH_ENDPOINTS
 from ..batch_store import BatchRecord, LeaseLostError
 from .lines import LineError, check_line, input_lines, validate
@@ -49,6 +49,8 @@ class BatchRun:
         self.owner = runner.runner_id
         self.creator = record.creator
         self.endpoint = BATCH_ENDPOINTS[record.batch.endpoint]
+        self.group = route_group(record.batch.endpoint) or ""
+        """The route group a line's live request would be checked against."""
         self.gateway = runner.gateway.on_batch_lane(self.settings.item_timeout)
         self.stop_reason = "cancelled" if record.batch.status == "cancelling" else ""
         self.stopped = asyncio.Event()
@@ -66,7 +68,7 @@ class BatchRun:
         main = asyncio.current_task()
         assert main is not None
         if self.creator:  # its lines may use only what the creating key may (this task's context)
-            current_principal.set(self.runner.keys.named(self.creator))
+            current_principal.set(self.runner.admission.keys.named(self.creator))
         keeper = asyncio.create_task(self._keep_lease(main))
         try:
             if self.batch.status == "validating" and not await self._validate():
@@ -273,17 +275,30 @@ class BatchRun:
         return packed_line(index, line.custom_id, raw, line.body)
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
-        """`call()`, again after what the queue refused or timed out (429/502/503/504),
-        with backoff, until the batch is stopped."""
+        """`call()` as the creating key's live request would run (`_as_creator`), again
+        after what the queue or the key's token allowance refused, or what timed out
+        (429/502/503/504), with backoff, until the batch is stopped."""
         delay = 0.5
         while True:
             try:
-                return await call()
+                return await self._as_creator(call)
             except ShoalError as exc:
                 if exc.status_code not in _RETRYABLE or self.stopped.is_set():
                     raise
                 await asyncio.sleep(max(delay, exc.retry_after or 0))
                 delay = min(delay * 2, 30.0)
+
+    async def _as_creator(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()` checked against the creating key as its live request would be when it
+        runs (its route group; its tokens per minute, charged with what it used); the
+        model allowlist is checked where the model resolves. Unchecked without keys."""
+        principal = current_principal.get()
+        if principal is None:
+            return await call()
+        admission = self.runner.admission
+        admission.admit_line(principal, self.group)
+        with admission.metered(principal):
+            return await call()
 
     async def _answer_one(self, index: int, raw: bytes) -> list[Outcome]:
         try:
@@ -313,7 +328,9 @@ class BatchRun:
                     for line, body in zip(pack.lines, bodies, strict=True)
                 ]
             except ShoalError as exc:
-                if self.stopped.is_set():
+                # A key that may not call the route or use the model may not for any line
+                # of the pack (they share both): each fails alike, none runs alone.
+                if self.stopped.is_set() or exc.status_code == 403:
                     body = _encode(exc.to_response())
                     status = exc.status_code
                     return [Outcome(x.index, x.custom_id, status, body) for x in pack.lines]

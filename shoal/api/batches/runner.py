@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 from ...compat.errors import ShoalError
 from ...config import BatchSettings
 from ..batch_store import BatchStore
-from ..keys import KeyRing
 from .run import BatchRun
 
 if TYPE_CHECKING:
+    from ..admission import Admission
     from ..gateway import Gateway
 
 __all__ = ["BatchRunner", "completion_window_seconds"]
@@ -54,7 +54,9 @@ class BatchRunner:
     """Claims unfinished batches by lease and runs each (run.py) on the batch lane; every
     gateway runs one."""
 
-    def __init__(self, gateway: Gateway, settings: BatchSettings, poll: float = 0.5) -> None:
+    def __init__(
+        self, gateway: Gateway, settings: BatchSettings, admission: Admission, poll: float = 0.5
+    ) -> None:
         self.gateway = gateway
         self.settings = settings
         self.store: BatchStore = gateway.batches
@@ -63,7 +65,8 @@ class BatchRunner:
         self._runs: dict[str, asyncio.Task] = {}
         self._finished: set[str] = set()
         self._task: asyncio.Task | None = None
-        self.keys = KeyRing(gateway.settings.auth)
+        self.admission = admission
+        """The gateway's keys and rate limits: lines are checked as live requests are."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())

@@ -57,6 +57,17 @@ def test_tokens_are_charged_after_the_request_and_may_go_negative() -> None:
     assert limiter.admit("k", 0, 600).allowed
 
 
+def test_a_batch_line_asks_for_tokens_without_taking_a_request() -> None:
+    clock = Clock()
+    limiter = RateLimiter(clock)
+    assert limiter.tokens_wait("k", 600) == 0.0 and limiter.tokens_wait("k", 0) == 0.0
+    limiter.charge("k", 600, 1200)
+    assert limiter.tokens_wait("k", 600) == pytest.approx(60.1)
+    clock.now += 61
+    assert limiter.tokens_wait("k", 600) == 0.0
+    assert [limiter.admit("k", 1, 0).allowed for _ in range(2)] == [True, False]
+
+
 def test_a_changed_limit_starts_a_fresh_bucket() -> None:
     limiter = RateLimiter(Clock())
     assert limiter.admit("k", 1, 0).allowed
