@@ -119,6 +119,13 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_ttl: float = 5.0
     """Seconds after its last heartbeat that a worker counts as gone."""
     uvicorn_workers: int = 1
+    allowed_hosts: list[str] = []
+    """Host names, besides loopback ones, that a gateway without API keys answers to (a
+    name it is reached by through a local proxy, say). Others are refused, so a web page
+    cannot re-point its own name at the gateway (DNS rebinding)."""
+    cors_origins: list[str] = []
+    """Browser origins (`https://app.example`) whose pages may call the API: CORS is
+    answered for them. A state-changing request from any other page's origin is 403."""
 
 
 class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

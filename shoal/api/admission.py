@@ -27,14 +27,12 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import math
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
-
 from ..compat.errors import OverloadedError, ShoalError
 from ..config import Settings
+from .errors import send_error
 from .keys import KeyRing, PermissionDeniedError, Principal
 from .ratelimit import RateLimiter
 
@@ -134,22 +132,6 @@ def route_group(path: str) -> str | None:
     return None
 
 
-_encode = msgspec.json.Encoder().encode
-
-
-async def _send_error(send: Any, exc: ShoalError, headers: list[tuple[bytes, bytes]]) -> None:
-    body = _encode(exc.to_response())
-    head = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *headers,
-    ]
-    if exc.retry_after:
-        head.append((b"retry-after", str(max(1, math.ceil(exc.retry_after))).encode()))
-    await send({"type": "http.response.start", "status": exc.status_code, "headers": head})
-    await send({"type": "http.response.body", "body": body})
-
-
 class RateLimitedError(ShoalError):
     """OpenAI's shape: code `rate_limit_exceeded`, type the limit hit (`requests` or
     `tokens`)."""
@@ -240,7 +222,7 @@ class AdmissionMiddleware:
                     retry_after=1.0,
                 )
         except ShoalError as exc:
-            await _send_error(send, exc, extra)
+            await send_error(send, exc, extra)
             return
         token = current_principal.set(principal)
         if extra:

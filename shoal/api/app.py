@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.middleware import DefineMiddleware
@@ -20,6 +21,7 @@ from ..config import Settings
 from ..lifecycle import Stopped, unless_stopped
 from .admission import Admission, AdmissionMiddleware
 from .batches.runner import BatchRunner
+from .browser import BrowserGuard, BrowserPolicy
 from .errors import exception_handlers
 from .gateway import Gateway
 from .observe import ObserveMiddleware, Observer
@@ -80,6 +82,20 @@ def _lifespan(settings: Settings, stop: asyncio.Event | None, admission: Admissi
     return lifespan
 
 
+def _cors(settings: Settings) -> CORSConfig | None:
+    """CORS for the configured origins only (none by default: browsers' cross-origin
+    calls are refused, see browser.py)."""
+    origins = settings.gateway.cors_origins
+    if not origins:
+        return None
+    return CORSConfig(
+        allow_origins=origins,
+        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+        allow_headers=["authorization", "content-type", "openai-organization", "openai-project"],
+        expose_headers=["retry-after", "x-request-id", "x-queue-time", "x-inference-time"],
+    )
+
+
 def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litestar:
     """The gateway app; `stop`, once set, ends its start-up wait for NATS."""
     observer = Observer()
@@ -107,12 +123,15 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
         ],
         dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
         lifespan=[_lifespan(settings, stop, admission)],
-        # Keys, rate limits and the in-flight bound are checked before a body is read.
-        # Outermost: requests are timed and counted whatever admission says.
+        # Browsers' cross-site requests, keys, rate limits and the in-flight bound are
+        # checked before a body is read. Outermost: requests are timed and counted
+        # whatever the checks say.
         middleware=[
             DefineMiddleware(ObserveMiddleware, observer=observer),
+            DefineMiddleware(BrowserGuard, policy=BrowserPolicy(settings)),
             DefineMiddleware(AdmissionMiddleware, admission=admission),
         ],
+        cors_config=_cors(settings),
         state=State({"observer": observer}),
         exception_handlers=exception_handlers,
         request_max_body_size=settings.gateway.max_body_bytes,

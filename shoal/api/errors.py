@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 from litestar import Request, Response
@@ -40,7 +42,7 @@ from ..queue import (
 )
 from ..queue.errors import BacklogTooLongError, PayloadStoreError
 
-__all__ = ["as_shoal_error", "exception_handlers"]
+__all__ = ["as_shoal_error", "exception_handlers", "send_error"]
 
 log = logging.getLogger(__name__)
 
@@ -189,3 +191,23 @@ def as_shoal_error(exc: Exception, model: str) -> Exception:
             return GatewayTimeoutError("The request was not answered before its deadline")
         case _:
             return exc
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+async def send_error(
+    send: Any, exc: ShoalError, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """Answer `exc` straight from an ASGI middleware (before routing or the body), in the
+    same envelope, with `Retry-After` when it has one."""
+    body = _encode(exc.to_response())
+    head = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    if exc.retry_after:
+        head.append((b"retry-after", str(max(1, math.ceil(exc.retry_after))).encode()))
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": head})
+    await send({"type": "http.response.body", "body": body})
