@@ -2,25 +2,22 @@
 
 `s3://bucket/prefix` sources are downloaded once with boto3 into a local cache (keyed by
 the URI) and served from there; registration checks them first, so a missing or
-unreachable prefix is refused before anything is registered.
+unreachable prefix is refused before anything is registered. Object keys never land
+outside the download directory, and errors name no endpoint (`_s3_source`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
-import shutil
 from pathlib import Path
 
 from ..config import S3Settings, Settings
 from ..s3 import s3_client
+from ._errors import SourceError
+from ._s3_source import cache_target, download, list_objects
 
 __all__ = ["SourceError", "SourceResolver", "gguf_file", "resolve_source"]
-
-
-class SourceError(ValueError):
-    """A source that does not exist, cannot be reached, or holds nothing."""
 
 
 def gguf_file(source: str) -> Path:
@@ -46,14 +43,6 @@ def gguf_file(source: str) -> Path:
     return found
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
-    rest = uri.removeprefix("s3://")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise SourceError(f"{uri}: no bucket")
-    return bucket, prefix.strip("/")
-
-
 class SourceResolver:
     """Turns a source string into something the loading libraries accept."""
 
@@ -74,7 +63,7 @@ class SourceResolver:
         if source.startswith("gguf:"):
             gguf_file(source)
         elif source.startswith("s3://"):
-            self._s3_keys(source)
+            list_objects(self._client(), source)
         elif source.startswith("package:"):
             self._package_path(source)
         elif not source.startswith("hf:") and not Path(source).expanduser().exists():
@@ -108,43 +97,10 @@ class SourceResolver:
             raise SourceError(f"package {name!r} is not installed") from exc
         return str(module.get_model_path())
 
-    def _s3_keys(self, uri: str) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        bucket, prefix = _split_s3(uri)
-        keys: list[str] = []
-        try:
-            pages = (
-                self._client()
-                .get_paginator("list_objects_v2")
-                .paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
-            )
-            for page in pages:
-                keys.extend(obj["Key"] for obj in page.get("Contents", []))
-        except (BotoCoreError, ClientError) as exc:
-            raise SourceError(f"{uri} cannot be read: {exc}") from exc
-        if not keys:
-            raise SourceError(f"{uri} holds no objects")
-        return keys
-
     def _fetch_s3(self, uri: str) -> str:
-        target = self.cache_dir / "s3" / hashlib.sha256(uri.encode()).hexdigest()[:24]
-        if (target / ".complete").exists():
-            return str(target)
-        bucket, prefix = _split_s3(uri)
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        client = self._client()
-        for key in self._s3_keys(uri):
-            relative = key[len(prefix) :].lstrip("/") if prefix else key
-            if not relative or relative.endswith("/"):
-                continue
-            destination = partial / relative
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, key, str(destination))
-        (partial / ".complete").touch()
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+        target = cache_target(self.cache_dir, uri)
+        if not (target / ".complete").exists():
+            download(self._client(), uri, target)
         return str(target)
 
 
