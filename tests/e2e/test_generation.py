@@ -337,7 +337,7 @@ def test_a_prompt_longer_than_the_context_is_400_with_the_counts(stack) -> None:
 
 
 def test_a_lora_adapter_for_generation_is_served_as_peft_computes_it(
-    stack, client, lm_dir, tmp_path
+    stack, client, lm_dir, session_dir
 ) -> None:
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -348,10 +348,12 @@ def test_a_lora_adapter_for_generation_is_served_as_peft_computes_it(
     config = LoraConfig(
         r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False
     )
-    get_peft_model(base, config).save_pretrained(str(tmp_path / "lora"))
+    # Registered adapters lie under a model root: the default one, `data_dir/models`.
+    lora = session_dir / "models" / "story-lora"
+    get_peft_model(base, config).save_pretrained(str(lora))
     r = httpx.post(
         f"{stack}/admin/v1/models/{GEN_MODEL}/adapters",
-        json={"name": "story", "source": str(tmp_path / "lora")},
+        json={"name": "story", "source": str(lora)},
     )
     assert r.status_code == 201, r.text
 
@@ -363,7 +365,7 @@ def test_a_lora_adapter_for_generation_is_served_as_peft_computes_it(
     )
     tokenizer = AutoTokenizer.from_pretrained(lm_dir)
     model = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(lm_dir), str(tmp_path / "lora")
+        AutoModelForCausalLM.from_pretrained(lm_dir), str(lora)
     ).eval()
     ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt")[
         "input_ids"

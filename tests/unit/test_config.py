@@ -33,3 +33,11 @@ def test_env_overrides_file_which_overrides_defaults(tmp_path: Path) -> None:
 def test_a_mistyped_setting_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="port"):
         load_settings(env={"SHOAL_GATEWAY__PORT": "eighty"})
+
+
+def test_model_roots_default_to_the_data_dirs_models_and_take_a_list() -> None:
+    settings = load_settings(env={"SHOAL_DATA_DIR": "/data"})
+    assert settings.model_roots == []
+    assert settings.model_root_paths == [Path("/data/models")]
+    settings = load_settings(env={"SHOAL_DATA_DIR": "/data", "SHOAL_MODEL_ROOTS": "/m1,/m2"})
+    assert settings.model_root_paths == [Path("/m1"), Path("/m2")]

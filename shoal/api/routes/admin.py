@@ -2,13 +2,15 @@
 
 Registrations go to the shared registry (a JetStream key-value bucket): every gateway and
 worker sees them, and they survive restarts. A source is checked before anything is
-stored, so a missing or unreachable S3 prefix leaves nothing half-registered.
+stored, so a missing or unreachable S3 prefix leaves nothing half-registered; a local path
+must lie under the model roots (setting `model_roots`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from functools import partial
 from typing import Annotated
 
 from litestar import Controller, delete, get, post
@@ -46,8 +48,10 @@ def _info(gateway: Gateway, spec: ModelSpec) -> ModelInfo:
 
 
 async def _check_source(gateway: Gateway, source: str) -> None:
+    # Held to the rules for run-time registrations: local paths only under the model
+    # roots, packages found without importing them (see model_registry.sources).
     try:
-        await asyncio.to_thread(gateway.sources.check, source)
+        await asyncio.to_thread(partial(gateway.sources.check, source, registered=True))
     except SourceError as exc:
         raise InvalidRequestError(
             f"source {source!r} cannot be used: {exc}", param="source", code="source_unavailable"

@@ -22,6 +22,7 @@ import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from ...config import Settings
@@ -213,11 +214,14 @@ class GenerationKind(WorkerKind):
         self.models[spec.id] = model
 
     def _local_path(self, spec: ModelSpec) -> str:
+        registered = not self.core.registry.is_builtin(spec.id)
         if spec.source.startswith("gguf:"):
             from .gguf import materialize_gguf
 
+            # a registered file must lie under the model roots
+            self._resolver.check(spec.source, registered=registered)
             return materialize_gguf(spec.source, self._resolver.cache_dir)
-        return self._resolver.local(spec.source)
+        return self._resolver.local(spec.source, registered=registered)
 
     async def remove_model(self, model: str) -> None:
         served = self.models.pop(model)
@@ -297,9 +301,8 @@ class GenerationKind(WorkerKind):
         if job.adapter:
             try:
                 spec = self.core.registry.resolve_adapter(model.spec.id, job.adapter)
-                adapter_path = await asyncio.get_running_loop().run_in_executor(
-                    self._loader, self._resolver.local, spec.source
-                )
+                fetch = partial(self._resolver.local, spec.source, registered=True)
+                adapter_path = await asyncio.get_running_loop().run_in_executor(self._loader, fetch)
             except Exception as exc:
                 message = f"adapter '{job.adapter}' cannot be used: {exc}"
                 await self.core.settle(running, Outcome.NOT_FOUND, message, param="")
