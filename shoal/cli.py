@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level)
     if exposure:
-        level = logging.INFO if settings.auth.keys else logging.WARNING
+        level = logging.INFO if settings.auth.configured else logging.WARNING
         logging.getLogger("shoal").log(level, exposure)
     if args.command == "tune":
         from .tune.cli import run_tune_command

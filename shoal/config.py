@@ -33,6 +33,7 @@ __all__ = [
     "WorkerSettings",
     "default_data_dir",
     "load_settings",
+    "read_keys",
 ]
 
 ENV_PREFIX = "SHOAL_"
@@ -158,13 +159,22 @@ class AuthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Keys given in the settings file, or as a JSON array in `SHOAL_AUTH__KEYS`."""
     keys_file: str = ""
     """A TOML (`[[keys]]` tables) or JSON (a list) file of more keys: a Kubernetes
-    secret, say."""
+    secret, say. Re-read while the gateway runs (`reload_seconds`)."""
     allow_unauthenticated: bool = False
     """Serve without keys on a non-loopback address (behind a proxy that authenticates)."""
     default_rpm: int = 0
     """Requests per minute for keys that set none; 0: unlimited."""
     default_tpm: int = 0
     """Tokens per minute for keys that set none; 0: unlimited."""
+    reload_seconds: float = 2.0
+    """How often a gateway re-reads `keys_file`: a key added, changed or removed there
+    takes effect within this long, on every gateway, without a restart."""
+
+    @property
+    def configured(self) -> bool:
+        """Whether keys are required: some are given, or a keys file is named (even one
+        emptied to revoke every key, which then refuses every request)."""
+        return bool(self.keys or self.keys_file)
 
 
 class S3Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -365,14 +375,21 @@ def load_settings(
     if not settings.data_dir:
         settings.data_dir = str(default_data_dir(env))
     settings.telemetry.otel = {k: v for k, v in env.items() if k.startswith("OTEL_")}
-    if settings.auth.keys_file:
-        settings.auth.keys = [*settings.auth.keys, *_read_keys(Path(settings.auth.keys_file))]
     return settings
 
 
-def _read_keys(path: Path) -> list[ApiKey]:
-    """API keys from a TOML file of `[[keys]]` tables or a JSON list."""
-    text = path.read_bytes()
+def read_keys(path: Path, text: bytes | None = None) -> list[ApiKey]:
+    """API keys from a TOML file of `[[keys]]` tables or a JSON list (`text`: its bytes,
+    if already read).
+
+    Raises:
+        ValueError: the file cannot be read or does not hold key entries (the message
+            names the file and the entry, never a key).
+    """
+    try:
+        text = path.read_bytes() if text is None else text
+    except OSError as exc:
+        raise ValueError(f"keys file {path}: {exc.strerror}") from exc
     try:
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text.decode())
         if isinstance(raw, dict):

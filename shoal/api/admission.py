@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ..compat.errors import OverloadedError, ShoalError
@@ -150,10 +151,61 @@ class Admission:
     here, once per app."""
 
     def __init__(self, settings: Settings) -> None:
-        self.keys = KeyRing(settings.auth)
+        self._auth = settings.auth
+        self._keys_text = self._read_keys_file()
+        self.keys = KeyRing(settings.auth, self._keys_text)
+        """The keys now; replaced whole when the keys file changes (`watch_keys`)."""
         self.limiter = RateLimiter()
         self.max_in_flight = settings.gateway.max_in_flight
         self.in_flight = 0
+
+    def _read_keys_file(self) -> bytes | None:
+        path = self._auth.keys_file
+        try:
+            return Path(path).read_bytes() if path else None
+        except OSError as exc:
+            raise ValueError(f"keys file {path}: {exc.strerror}") from exc
+
+    def reload_keys(self) -> bool:
+        """Take the keys file's keys if it changed and holds valid entries (else keep the
+        keys in use and log why, once per change); whether the keys changed."""
+        try:
+            text = self._read_keys_file()
+        except ValueError as exc:
+            log.error("%s; keeping the keys in use", exc)
+            return False
+        if text == self._keys_text:
+            return False
+        self._keys_text = text
+        try:
+            ring = KeyRing(self._auth, text)
+        except ValueError as exc:
+            log.error("keys file changed but %s; keeping the keys in use", exc)
+            return False
+        self.keys = ring
+        log.info("keys file changed: %d API key(s) now", len(ring))
+        return True
+
+    async def watch_keys(self) -> None:
+        """Re-read the keys file every `auth.reload_seconds`, so a key added, rotated or
+        revoked there counts on every gateway without a restart (a Kubernetes secret
+        mounted as the file changes in place)."""
+        if not self._auth.keys_file:
+            return
+        while True:
+            await asyncio.sleep(self._auth.reload_seconds)
+            self.reload_keys()
+
+    def is_operator(self, authorization: str | None) -> bool:
+        """Whether the caller may see what only operators see (error messages naming keys,
+        paths and sources on the status page): anyone without keys, an admin key with
+        them. Public routes call it; a bad key is simply not an operator."""
+        if not self.keys.enabled:
+            return True
+        try:
+            return self.keys.authenticate(authorization).may_call("admin")
+        except ShoalError:
+            return False
 
     def admit_line(self, principal: Principal, group: str) -> None:
         """Check a batch line as its live request would be checked when it runs.

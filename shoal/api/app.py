@@ -72,9 +72,11 @@ def _lifespan(settings: Settings, stop: asyncio.Event | None, admission: Admissi
             runner = BatchRunner(gateway, settings.batches, admission)
         if runner is not None:
             runner.start()
+        watcher = asyncio.create_task(admission.watch_keys())
         try:
             yield
         finally:
+            watcher.cancel()
             if runner is not None:
                 await runner.close()
             await gateway.close()
@@ -132,7 +134,7 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             DefineMiddleware(AdmissionMiddleware, admission=admission),
         ],
         cors_config=_cors(settings),
-        state=State({"observer": observer}),
+        state=State({"observer": observer, "admission": admission}),
         exception_handlers=exception_handlers,
         request_max_body_size=settings.gateway.max_body_bytes,
         openapi_config=OpenAPIConfig(

@@ -59,7 +59,7 @@ class BrowserPolicy:
 
     def __init__(self, settings: Settings) -> None:
         gateway = settings.gateway
-        self.check_host = not settings.auth.keys and (
+        self.check_host = not settings.auth.configured and (
             _is_loopback_name(gateway.host) or bool(gateway.allowed_hosts)
         )
         """Without keys only (a rebound page has no key to send), on a loopback bind or

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import secrets
+from pathlib import Path
 
 from ..compat.errors import ShoalError
-from ..config import ApiKey, AuthSettings, Settings
+from ..config import ApiKey, AuthSettings, Settings, read_keys
 
 __all__ = [
     "ROUTE_GROUPS",
@@ -106,11 +107,23 @@ class Principal:
 
 
 class KeyRing:
-    """The configured keys, by digest."""
+    """The configured keys (inline and from `keys_file`), by digest and by name."""
 
-    def __init__(self, settings: AuthSettings) -> None:
+    def __init__(self, settings: AuthSettings, file_text: bytes | None = None) -> None:
+        """`file_text`: the keys file's bytes, if already read (else it is read here).
+
+        Raises:
+            ValueError: a malformed entry, an unknown route group, or a name or key given
+                twice (which key would a log line or an owner mean?).
+        """
+        self.required = settings.configured
+        """Whether requests need a key: keys are given or a keys file is named."""
+        keys = list(settings.keys)
+        if settings.keys_file:
+            keys += read_keys(Path(settings.keys_file), file_text)
         self._by_digest: dict[str, Principal] = {}
-        for key in settings.keys:
+        self._by_name: dict[str, Principal] = {}
+        for key in keys:
             digest = key.sha256.strip().lower()
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
                 raise ValueError(f"API key {key.name!r}: sha256 must be 64 hex digits")
@@ -120,18 +133,23 @@ class KeyRing:
                     f"API key {key.name!r}: unknown routes {sorted(unknown)}; "
                     f"known: {', '.join(ROUTE_GROUPS)}"
                 )
-            self._by_digest[digest] = Principal(key, settings.default_rpm, settings.default_tpm)
+            if key.name in self._by_name:
+                raise ValueError(f"API key name {key.name!r} is given twice")
+            if digest in self._by_digest:
+                raise ValueError(f"API key {key.name!r} is the same key as another entry's")
+            principal = Principal(key, settings.default_rpm, settings.default_tpm)
+            self._by_digest[digest] = self._by_name[key.name] = principal
 
     @property
     def enabled(self) -> bool:
-        return bool(self._by_digest)
+        return self.required
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
 
     def named(self, name: str) -> Principal:
         """The key called `name`, or a revoked stand-in when none is configured now."""
-        for principal in self._by_digest.values():
-            if principal.name == name:
-                return principal
-        return Principal.revoked(name)
+        return self._by_name.get(name) or Principal.revoked(name)
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The caller named by an `Authorization` header value.
@@ -168,9 +186,9 @@ def check_exposure(settings: Settings) -> str:
             `auth.allow_unauthenticated` says that is meant.
     """
     host, auth = settings.gateway.host, settings.auth
-    if auth.keys:
-        KeyRing(auth)  # a malformed key entry stops the start, not the first request
-        return f"auth: {len(auth.keys)} API key(s) configured; requests need a Bearer key"
+    if auth.configured:
+        ring = KeyRing(auth)  # a malformed key entry stops the start, not the first request
+        return f"auth: {len(ring)} API key(s) configured; requests need a Bearer key"
     if _is_loopback(host):
         return f"auth: no API keys configured; serving on loopback ({host}) only, unauthenticated"
     if auth.allow_unauthenticated:

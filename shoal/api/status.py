@@ -64,7 +64,9 @@ class StatusBoard:
     def _in_flight(self, _: CallbackOptions) -> list[Observation]:
         return [Observation(d.in_flight, _labels(d)) for d in self.depths.latest]
 
-    async def document(self) -> dict[str, Any]:
+    async def document(self, operator: bool = True) -> dict[str, Any]:
+        """What the status page shows; recent errors without their messages unless the
+        caller is an `operator` (messages may name keys, server paths, S3 sources)."""
         await self.refresh()
         now = time.time()
         stats = self.observer.stats
@@ -94,7 +96,7 @@ class StatusBoard:
                 }
                 for d in self.depths.latest
             ],
-            "errors": list(stats.errors),
+            "errors": [e if operator else _redacted(e) for e in stats.errors],
         }
 
     def _models(
@@ -144,6 +146,10 @@ def _worker(beat: WorkerHeartbeat, now: float) -> dict[str, Any]:
         "active": beat.active,
         "age_s": max(0.0, now - beat.sent_at),
     }
+
+
+def _redacted(error: dict[str, Any]) -> dict[str, Any]:
+    return {**error, "message": ""}
 
 
 def _labels(depth: QueueDepth) -> dict[str, str]:

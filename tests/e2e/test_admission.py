@@ -81,6 +81,7 @@ def secured(
         "SHOAL_AUTH__KEYS": json.dumps(ENTRIES[:2]),
         "SHOAL_AUTH__KEYS_FILE": str(keys_file),
         "SHOAL_LOG_LEVEL": "debug",
+        "SHOAL_AUTH__RELOAD_SECONDS": "0.5",
         "SHOAL_MODELS_FILE": str(task_models),
         # Its own batches: the stack's gateway on the same NATS would otherwise claim them,
         # and it cannot read this gateway's uploads (each keeps files in its own data dir).
@@ -92,6 +93,15 @@ def secured(
         yield base, gateway
     finally:
         gateway.stop()
+
+
+def _keys_file(gateway: ShoalProcess) -> Path:
+    return Path(gateway.log_path).parent / "keys.json"
+
+
+def _status(base: str, key: str | None = None) -> int:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{base}/v1/models", headers=headers).status_code
 
 
 def client(base: str, key: str) -> openai.OpenAI:
@@ -282,6 +292,53 @@ def test_keys_never_reach_the_log(secured) -> None:
     assert "key slow over its requests limit" in log or "key frugal" in log  # it logs by name
     for key in KEYS.values():
         assert key not in log
+
+
+def test_a_key_added_or_revoked_in_the_keys_file_counts_without_a_restart(secured) -> None:
+    base, gateway = secured
+    path = _keys_file(gateway)
+    kept = path.read_text()
+    temp = "sk-shoal-test-temp-0123456789"
+    assert _status(base, temp) == 401
+    path.write_text(json.dumps([*json.loads(kept), {"name": "temp", "sha256": hash_key(temp)}]))
+    try:
+        # Bound: a few of the gateway's 0.5 s re-reads.
+        wait_until(lambda: _status(base, temp) == 200, 10, gateway, "the added key")
+    finally:
+        path.write_text(kept)
+    wait_until(lambda: _status(base, temp) == 401, 10, gateway, "the key's revocation")
+    assert _status(base, KEYS["slow"]) in (200, 429)  # the file's other keys still count
+    assert "keys file changed" in gateway.log() and temp not in gateway.log()
+
+
+def test_status_json_shows_error_messages_to_operators_only(secured) -> None:
+    """Messages may name keys, server paths and sources: public callers get the codes."""
+    base, _ = secured
+    with pytest.raises(openai.PermissionDeniedError):
+        client(base, KEYS["embedder"]).models.retrieve("test-colbert")
+    public = httpx.get(f"{base}/status.json").json()["errors"]
+    operator = httpx.get(
+        f"{base}/status.json", headers={"authorization": f"Bearer {KEYS['root']}"}
+    ).json()["errors"]
+    assert public and len(public) == len(operator)
+    assert all(e["message"] == "" for e in public)
+    assert any("embedder" in e["message"] for e in operator)
+    assert [e["code"] for e in public] == [e["code"] for e in operator]
+
+
+def test_a_key_name_given_twice_stops_the_start(tmp_path: Path, session_nats: EmbeddedNats) -> None:
+    env = shoal_env(session_nats.url, tmp_path)
+    twice = [{"name": "a", "sha256": "1" * 64}, {"name": "a", "sha256": "2" * 64}]
+    env["SHOAL_AUTH__KEYS"] = json.dumps(twice)
+    refused = subprocess.run(
+        [sys.executable, "-m", "shoal", "gateway", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "API key name 'a' is given twice" in refused.stderr
 
 
 def test_no_keys_serves_loopback_only(tmp_path: Path, session_nats: EmbeddedNats) -> None:

@@ -291,11 +291,14 @@ class BatchRun:
     async def _as_creator(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` checked against the creating key as its live request would be when it
         runs (its route group; its tokens per minute, charged with what it used); the
-        model allowlist is checked where the model resolves. Unchecked without keys."""
-        principal = current_principal.get()
-        if principal is None:
+        model allowlist is checked where the model resolves. Unchecked for a batch made
+        without keys."""
+        if not self.creator:
             return await call()
         admission = self.runner.admission
+        # The key as configured now: a key revoked or narrowed mid-batch stops its lines.
+        principal = admission.keys.named(self.creator)
+        current_principal.set(principal)
         admission.admit_line(principal, self.group)
         with admission.metered(principal):
             return await call()

@@ -1,13 +1,14 @@
 """GET /metrics (Prometheus text), GET /status (the live status page) and its
-GET /status.json. Public like /health: they show model names, counts and recent error
-messages, never keys or request bodies."""
+GET /status.json. Public like /health: they show model names and counts, never keys or
+request bodies. Recent errors' messages (which may name keys, paths and sources) are in
+/status.json for operators only: everyone without keys, an admin key with them."""
 
 from __future__ import annotations
 
 from importlib import resources
 from typing import Any
 
-from litestar import Controller, MediaType, Response, get
+from litestar import Controller, MediaType, Request, Response, get
 from litestar.datastructures import State
 
 from ... import telemetry
@@ -31,5 +32,6 @@ class StatusController(Controller):
         return Response(_PAGE.read_bytes(), media_type=MediaType.HTML)
 
     @get("/status.json", summary="What the status page shows", include_in_schema=False)
-    async def document(self, state: State) -> dict[str, Any]:
-        return await state.status.document()
+    async def document(self, state: State, request: Request) -> dict[str, Any]:
+        operator = state.admission.is_operator(request.headers.get("authorization"))
+        return await state.status.document(operator)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.api.admission import Admission
 from shoal.api.keys import (
     AuthenticationError,
     KeyRing,
@@ -139,9 +140,55 @@ def test_keys_come_from_env_json_and_a_keys_file(tmp_path: Path) -> None:
         "SHOAL_AUTH__KEYS": json.dumps([{"name": "e", "sha256": "2" * 64, "admin": True}]),
         "SHOAL_AUTH__KEYS_FILE": str(toml_file),
     }
-    keys = load_settings(env=env).auth.keys
-    assert [(k.name, k.admin, k.rpm) for k in keys] == [("e", True, 0), ("t", False, 5)]
+    ring = KeyRing(load_settings(env=env).auth)
+    assert len(ring) == 2
+    assert (ring.named("e").admin, ring.named("t").rpm) == (True, 5)
     json_file = tmp_path / "keys.json"
     json_file.write_text(json.dumps([{"name": "j", "sha256": "3" * 64, "bogus": 1}]))
     with pytest.raises(ValueError, match="invalid keys file"):
-        load_settings(env={"SHOAL_AUTH__KEYS_FILE": str(json_file)})
+        KeyRing(load_settings(env={"SHOAL_AUTH__KEYS_FILE": str(json_file)}).auth)
+    with pytest.raises(ValueError, match="keys file"):
+        KeyRing(AuthSettings(keys_file=str(tmp_path / "missing.json")))
+
+
+@pytest.mark.parametrize(
+    ("second", "problem"),
+    [
+        ({"name": "a", "sha256": "2" * 64}, "given twice"),
+        ({"name": "b", "sha256": "1" * 64}, "same key"),
+    ],
+)
+def test_a_name_or_key_given_twice_is_refused(second: dict, problem: str) -> None:
+    """Owners and logs go by name: two entries of one name would share files and limits."""
+    keys = [ApiKey(name="a", sha256="1" * 64), ApiKey(**second)]
+    with pytest.raises(ValueError, match=problem):
+        KeyRing(AuthSettings(keys=keys))
+
+
+def _entry(name: str, key: str) -> dict:
+    return {"name": name, "sha256": hash_key(key)}
+
+
+def test_the_keys_file_is_reloaded_when_it_changes(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps([_entry("a", "key-a"), _entry("b", "key-b")]))
+    settings = Settings()
+    settings.auth.keys_file = str(keys_file)
+    admission = Admission(settings)
+    assert admission.keys.authenticate("Bearer key-b").name == "b"
+    assert not admission.reload_keys()  # unchanged
+    keys_file.write_text(json.dumps([_entry("a", "key-a2")]))  # b revoked, a rotated
+    assert admission.reload_keys()
+    for revoked in ("key-b", "key-a"):
+        with pytest.raises(AuthenticationError):
+            admission.keys.authenticate(f"Bearer {revoked}")
+    assert admission.keys.authenticate("Bearer key-a2").name == "a"
+    assert not admission.keys.named("b").active  # its queued batch lines stop
+    keys_file.write_text("[{not json")  # a bad edit keeps the keys in use
+    assert not admission.reload_keys()
+    assert admission.keys.authenticate("Bearer key-a2").name == "a"
+    keys_file.write_text("[]")  # every key revoked: nothing is open
+    assert admission.reload_keys()
+    assert admission.keys.enabled and len(admission.keys) == 0
+    with pytest.raises(AuthenticationError):
+        admission.keys.authenticate("Bearer key-a2")
