@@ -8,6 +8,8 @@ import datetime
 import ipaddress
 import json
 import secrets
+import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from shoal.queue.embedded import EmbeddedNats
 
-__all__ = ["Pki", "SecureNats", "make_pki", "new_nkey_seed", "start_secure_nats"]
+__all__ = ["Pki", "SecureNats", "converse", "make_pki", "new_nkey_seed", "start_secure_nats"]
 
 
 @dataclass(frozen=True)
@@ -181,3 +183,26 @@ def start_secure_nats(root: Path, verify_clients: bool = True) -> SecureNats:
     server = EmbeddedNats(root / "nats", extra_args=["--config", str(conf)])
     server.start(log_file=root / "nats-server.log")
     return SecureNats(server, pki, "shoal", password, seed_file)
+
+
+def converse(
+    port: int, context: ssl.SSLContext | None, password: str, server_name: str = "127.0.0.1"
+) -> bytes:
+    """CONNECT with the right password and PING, over TLS (started first) or in the
+    clear; everything the server sent until it closed or went quiet."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock = context.wrap_socket(raw, server_hostname=server_name) if context else raw
+    connect = {"user": "shoal", "pass": password, "verbose": False, "pedantic": False}
+    received = b""
+    with sock:
+        try:
+            received += sock.recv(65536)  # INFO
+            sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+            while b"PONG" not in received:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+        except OSError:
+            pass  # reset or silent: refused either way
+    return received

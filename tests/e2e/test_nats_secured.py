@@ -11,8 +11,6 @@ stack's answer shows that Shoal really authenticated and encrypted.
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from shoal.config import NatsSettings
 from shoal.queue.errors import QueueUnavailableError
 from shoal.queue.nats import Bus
 from tests.helpers import MODEL, ShoalProcess, start_gateway, start_worker, wait_ready
-from tests.nats_secure import SecureNats, start_secure_nats
+from tests.nats_secure import SecureNats, converse, start_secure_nats
 
 pytestmark = pytest.mark.slow
 
@@ -98,35 +96,14 @@ def test_a_client_without_credentials_is_refused(secured: Stack) -> None:
     asyncio.run(connect(user=secured.nats.user, password=secured.nats.password))  # the control
 
 
-def _converse(port: int, context: ssl.SSLContext | None, password: str) -> bytes:
-    """CONNECT with the right password and PING, over TLS (started first) or in the
-    clear; everything the server sent until it closed or went quiet."""
-    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock = context.wrap_socket(raw, server_hostname="127.0.0.1") if context else raw
-    connect = {"user": "shoal", "pass": password, "verbose": False, "pedantic": False}
-    received = b""
-    with sock:
-        try:
-            received += sock.recv(65536)  # INFO
-            sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
-            while b"PONG" not in received:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                received += chunk
-        except OSError:
-            pass  # reset or silent: refused either way
-    return received
-
-
 def test_a_plaintext_client_is_refused(secured: Stack) -> None:
     """The right password in the clear gets no PONG; the same words over TLS do."""
     pki = secured.nats.pki
     context = ssl.create_default_context(cafile=str(pki.ca))
     context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
     port, password = secured.nats.server.port, secured.nats.password
-    assert b"PONG" in _converse(port, context, password)  # the probe works...
-    assert b"PONG" not in _converse(port, None, password)  # ...and plain text is refused
+    assert b"PONG" in converse(port, context, password)  # the probe works...
+    assert b"PONG" not in converse(port, None, password)  # ...and plain text is refused
 
 
 def test_shoal_refuses_a_server_its_ca_did_not_sign(secured: Stack) -> None:
