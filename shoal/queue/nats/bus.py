@@ -100,10 +100,12 @@ class Bus:
         """
 
         options = connect_options(settings)
-        last_error: list[Exception] = []
+        # What the server answered (a refused login) says more than the broken pipe
+        # that follows it: the error message names it first.
+        errors: dict[str, Exception] = {}
 
         async def _error(exc: Exception) -> None:
-            last_error[:] = [exc]
+            errors["said" if isinstance(exc, nats.errors.Error) else "other"] = exc
             log.warning("nats: %s", exc)
 
         async def _disconnected() -> None:
@@ -134,7 +136,8 @@ class Bus:
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             # A refused password or certificate shows only in the error callback.
-            cause = f"{exc!r}" + (f" (last: {last_error[0]!r})" if last_error else "")
+            seen = errors.get("said") or errors.get("other")
+            cause = f"{exc!r}" + (f" (last: {seen!r})" if seen else "")
             raise QueueUnavailableError(
                 f"cannot connect to NATS at {settings.display_url}: {cause}"
             ) from exc
