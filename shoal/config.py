@@ -120,6 +120,7 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @property
     def uses_tls(self) -> bool:
+        """Whether connections are TLS: `tls`, a CA or client certificate, a `tls://` URL."""
         return bool(
             self.tls
             or self.tls_ca_file
@@ -135,11 +136,11 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __repr__(self) -> str:
         # Settings end up in logs and tracebacks: never with a password or token in them.
-        shown = (
-            f"{f}='***'" if f in _SECRET and getattr(self, f) else f"{f}={getattr(self, f)!r}"
-            for f in self.__struct_fields__
-        )
-        return f"NatsSettings({', '.join(shown)})".replace(repr(self.url), repr(self.display_url))
+        def shown(name: str) -> str:
+            value = self.display_url if name == "url" else getattr(self, name)
+            return f"{name}={'***' if name in _SECRET and value else value!r}"
+
+        return f"NatsSettings({', '.join(map(shown, self.__struct_fields__))})"
 
 
 _SECRET = frozenset({"password", "token"})
