@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -44,6 +45,29 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     url: str = "nats://127.0.0.1:4222"
     """NATS server(s); a comma-separated list for a cluster."""
+    user: str = ""
+    """User name, with `password` (the server's `authorization` users)."""
+    password: str = ""
+    token: str = ""
+    """An authorization token, instead of a user and password."""
+    creds_file: str = ""
+    """A `.creds` file (user JWT and NKey seed: decentralized auth), instead of the above."""
+    nkey_seed_file: str = ""
+    """A file holding an NKey seed (`SU...`), instead of the above."""
+    tls: bool = False
+    """Connect over TLS, checking the server against the system's CAs or `tls_ca_file`;
+    also on when a CA or client certificate is set or a URL says `tls://`."""
+    tls_ca_file: str = ""
+    """PEM CA certificate(s) the server's certificate must chain to."""
+    tls_cert_file: str = ""
+    """A PEM client certificate, with `tls_key_file`, for servers that verify clients."""
+    tls_key_file: str = ""
+    tls_server_name: str = ""
+    """The name the server's certificate must carry, when it differs from the URL's host."""
+    tls_handshake_first: bool = True
+    """Start TLS before the server's first message, so a man in the middle cannot make a
+    server look as if it took plain connections and read the credentials (the server's
+    `tls` block needs `handshake_first: auto` or `true`); false: upgrade after it."""
     stream: str = "SHOAL_WORK"
     """The JetStream work stream (WorkQueue retention)."""
     registry_bucket: str = "SHOAL_REGISTRY"
@@ -85,6 +109,52 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     offload_bytes: int = 1 << 20
     """Work items and replies longer than this (or than the server's `max_payload`, less
     16 KiB) travel through the object store (`objects`), a reference in their place."""
+
+    def __post_init__(self) -> None:
+        ways = [bool(self.user or self.password), bool(self.token), bool(self.creds_file)]
+        if sum([*ways, bool(self.nkey_seed_file)]) > 1:
+            raise ValueError("nats: give one of user/password, token, creds_file, nkey_seed_file")
+        if bool(self.user) != bool(self.password):
+            raise ValueError("nats: user and password go together")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("nats: tls_cert_file and tls_key_file go together")
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether connections are TLS: `tls`, a CA or client certificate, a `tls://` URL."""
+        return bool(
+            self.tls
+            or self.tls_ca_file
+            or self.tls_cert_file
+            or any(s.strip().startswith("tls://") for s in self.url.split(","))
+        )
+
+    @property
+    def display_url(self) -> str:
+        """`url` fit for logs and errors: credentials in it (`nats://user:pass@`, a token
+        as `nats://token@`) become `***`."""
+        return ",".join(_without_secret(s.strip()) for s in self.url.split(","))
+
+    def __repr__(self) -> str:
+        # Settings end up in logs and tracebacks: never with a password or token in them.
+        def shown(name: str) -> str:
+            value = self.display_url if name == "url" else getattr(self, name)
+            return f"{name}={'***' if name in _SECRET and value else value!r}"
+
+        return f"NatsSettings({', '.join(map(shown, self.__struct_fields__))})"
+
+
+_SECRET = frozenset({"password", "token"})
+
+
+def _without_secret(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
+    masked = f"{user}:***" if user else "***"
+    return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
 
 
 class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

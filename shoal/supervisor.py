@@ -1,8 +1,9 @@
 """`shoal serve`: the whole system on one machine, as child processes.
 
-Starts a local nats-server (JetStream, loopback, data in the data dir), one encoder
-worker, one generation worker and the gateway, each in its own session so that Ctrl-C
-reaches only this supervisor, which then stops them in order, within `STOP_WITHIN`
+Starts a local nats-server (JetStream, loopback, data in the data dir; it takes only a
+password made for this start, which the children read from their private settings file),
+one encoder worker, one generation worker and the gateway, each in its own session so
+that Ctrl-C reaches only this supervisor, which then stops them in order, within `STOP_WITHIN`
 seconds in all: gateways (no new requests; those in flight get the drain time), workers
 (they finish or return what they hold), nats-server; whatever is still there at the end
 is killed. A signal while it is still starting (nats-server coming up, a cluster
@@ -30,7 +31,7 @@ import msgspec
 
 from .config import Settings
 from .lifecycle import DRAIN_SECONDS, STOP_WITHIN, Stopped, die_with_parent
-from .queue.embedded import EmbeddedNats, EmbeddedNatsCluster
+from .queue.embedded import EmbeddedNats, EmbeddedNatsCluster, ServerAuth
 from .queue.nats import wait_jetstream
 
 __all__ = ["Child", "Topology", "serve", "write_private"]
@@ -105,20 +106,27 @@ class Topology:
             raise ValueError("--nats-nodes must be 1 or at least 3 (a JetStream quorum)")
 
 
-def _start_nats(data_dir: Path, run_dir: Path, nodes: int) -> EmbeddedNats | EmbeddedNatsCluster:
-    """The local nats-server(s), up and (a cluster) electing; stopped again if the start
-    is interrupted."""
+def _start_nats(
+    data_dir: Path, run_dir: Path, nodes: int, settings: Settings
+) -> EmbeddedNats | EmbeddedNatsCluster:
+    """The local nats-server(s), up and (a cluster) electing, accepting only a user made
+    for this start (other local users reach loopback too); stopped again if the start is
+    interrupted. `settings.nats` then names the server(s) and that user."""
+    auth = ServerAuth.generate()
     if nodes == 1:
-        server = EmbeddedNats(data_dir / "nats")
+        server = EmbeddedNats(data_dir / "nats", auth=auth)
         try:
-            return server.start(log_file=run_dir / "nats-server.log", preexec_fn=die_with_parent)
+            server.start(log_file=run_dir / "nats-server.log", preexec_fn=die_with_parent)
         except BaseException:
             server.kill()
             raise
-    cluster = EmbeddedNatsCluster(data_dir / "nats-cluster", size=nodes)
+        settings.nats = server.client_settings(settings.nats)
+        return server
+    cluster = EmbeddedNatsCluster(data_dir / "nats-cluster", size=nodes, auth=auth)
     try:
         cluster.start(log_dir=run_dir, preexec_fn=die_with_parent)
-        asyncio.run(wait_jetstream(cluster.url, within=60.0))
+        settings.nats = cluster.client_settings(settings.nats)
+        asyncio.run(wait_jetstream(settings.nats, within=60.0))
     except BaseException:
         cluster.stop(timeout=1.0)
         raise
@@ -177,8 +185,7 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
     children: list[Child] = []
     status = 0
     try:
-        nats = _start_nats(data_dir, run_dir, topology.nats_nodes)
-        settings.nats.url = nats.url
+        nats = _start_nats(data_dir, run_dir, topology.nats_nodes, settings)
         _fit_to_topology(settings, topology)
         config = write_private(run_dir / "settings.json", msgspec.json.encode(settings))
         children += _children(config, settings, topology)

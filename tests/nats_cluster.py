@@ -11,10 +11,16 @@ import nats
 import nats.errors
 import nats.js.errors
 
+from shoal.config import NatsSettings
+from shoal.queue import nats as shoal_nats
 from shoal.queue.embedded import EmbeddedNatsCluster
-from shoal.queue.nats import wait_jetstream
 
 __all__ = ["NatsCluster", "StreamView", "stream_view", "wait_jetstream"]
+
+
+async def wait_jetstream(url: str, within: float = 30.0) -> None:
+    """Until JetStream at `url` (an open test cluster) answers."""
+    await shoal_nats.wait_jetstream(NatsSettings(url=url), within)
 
 
 class NatsCluster(EmbeddedNatsCluster):
@@ -40,12 +46,17 @@ class StreamView:
     """Per consumer: (pending, ack pending)."""
 
 
-async def stream_view(url: str, stream: str, timeout: float = 15.0) -> StreamView:
+async def stream_view(
+    url: str, stream: str, timeout: float = 15.0, **credentials: str
+) -> StreamView:
     """The stream's message count, leader and consumers' backlogs, retrying for
-    `timeout` seconds while a leader is being elected."""
+    `timeout` seconds while a leader is being elected. `credentials`: nats-py's `user`
+    and `password` (or `token`) for a server that asks for them."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    nc = await nats.connect(url.split(","), connect_timeout=2, max_reconnect_attempts=3)
+    nc = await nats.connect(
+        url.split(","), connect_timeout=2, max_reconnect_attempts=3, **credentials
+    )
     try:
         jsm = nc.jsm()
         while True:

@@ -5,7 +5,7 @@
 """
 
 from .dispatcher import Dispatcher
-from .embedded import EmbeddedNats, free_port, nats_server_binary
+from .embedded import EmbeddedNats, EmbeddedNatsCluster, ServerAuth, free_port, nats_server_binary
 from .errors import (
     DeadlineExceededError,
     JobFailedError,
@@ -39,6 +39,7 @@ __all__ = [
     "EmbedJob",
     "EmbedResult",
     "EmbeddedNats",
+    "EmbeddedNatsCluster",
     "ErrorKind",
     "GenerateChunk",
     "GenerateJob",
@@ -52,6 +53,7 @@ __all__ = [
     "QueueFullError",
     "QueueUnavailableError",
     "Reply",
+    "ServerAuth",
     "Subjects",
     "WorkSource",
     "WorkerHeartbeat",

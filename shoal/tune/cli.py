@@ -109,7 +109,7 @@ def run_tune_command(args: argparse.Namespace, settings: Any) -> int:
         write_profile(spec_path, spec, result.profile, note)
         console.print(f"profile written to {spec_path}")
         if asyncio.run(publish_profile(settings, spec.id, result.profile)):
-            console.print(f"profile live on {settings.nats.url}")
+            console.print(f"profile live on {settings.nats.display_url}")
         else:
-            console.print(f"NATS at {settings.nats.url} did not answer: the spec file only")
+            console.print(f"NATS at {settings.nats.display_url} did not answer: the spec file only")
     return 0

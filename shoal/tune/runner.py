@@ -37,10 +37,10 @@ from ..config import Settings
 from ..lifecycle import die_with_parent
 from ..model_registry import BatchProfile, LiveRegistry, ModelRegistry, ModelSpec
 from ..model_registry.sources import SourceResolver, resolve_source
-from ..queue.embedded import EmbeddedNats, free_port
+from ..queue.embedded import EmbeddedNats, ServerAuth, free_port
 from ..queue.errors import QueueUnavailableError
 from ..queue.nats import Bus, NatsKeyValue
-from ..supervisor import Child
+from ..supervisor import Child, write_private
 from . import texts
 from .knee import Knee, Load, find_knee
 from .search import Knob, Trial, confirm, mean_scores, search
@@ -137,7 +137,7 @@ class _Stack:
         self.spec = spec
         self.generate = "generate" in spec.tasks
         self.run_dir = run_dir
-        self.nats = EmbeddedNats(run_dir / "nats")
+        self.nats = EmbeddedNats(run_dir / "nats", auth=ServerAuth.generate())
         # A deep copy: the caller's settings still name the user's own NATS server.
         self.settings = msgspec.json.decode(msgspec.json.encode(settings), type=Settings)
         self.worker: Child | None = None
@@ -151,7 +151,7 @@ class _Stack:
     async def start(self) -> None:
         self.nats.start(log_file=self.run_dir / "nats-server.log", preexec_fn=die_with_parent)
         s = self.settings
-        s.nats.url = self.nats.url
+        s.nats = self.nats.client_settings(s.nats)
         s.worker.models = [self.spec.id]
         s.worker.pinned = [self.spec.id]
         s.generator.models, s.generator.max_running = [self.spec.id], 0
@@ -161,7 +161,7 @@ class _Stack:
         s.objects.backend, s.objects.local_dir = "local", str(self.run_dir / "objects")
         self.base = f"http://127.0.0.1:{s.gateway.port}"
         config = self.config
-        config.write_bytes(msgspec.json.encode(s))
+        write_private(config, msgspec.json.encode(s))  # it holds the NATS password
         self.bus = await Bus.connect(s.nats, "shoal-tune")
         static = ModelRegistry.from_files(s.models_file)
         self.kv = await self.bus.key_value(s.nats.registry_bucket)
@@ -415,7 +415,7 @@ async def publish_profile(settings: Settings, model_id: str, profile: BatchProfi
     try:
         bus = await asyncio.wait_for(Bus.connect(settings.nats, "shoal-tune"), 5.0)
     except (TimeoutError, OSError, QueueUnavailableError) as exc:
-        log.info("profile not published: NATS at %s: %r", settings.nats.url, exc)
+        log.info("profile not published: NATS at %s: %r", settings.nats.display_url, exc)
         return False
     try:
         kv = await bus.key_value(settings.nats.registry_bucket)

@@ -43,7 +43,11 @@ CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda-scaledobject-v1alpha1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-servicemonitor-v1.json",
 }
-NO_NATS = ["--set", "nats.enabled=false", "--set", "queue.url=nats://nats.example:4222"]
+NO_NATS = [
+    "--set", "nats.enabled=false",
+    "--set", "queue.url=nats://nats.example:4222",
+    "--set", "queue.auth.existingSecret=nats-client",
+]  # fmt: skip
 HUB_MODELS = ["BAAI/bge-small-en-v1.5", "intfloat/multilingual-e5-large", "org/m_x:v1@main"]
 
 # Options exercised together: a GPU SGLang pool scaling to zero, hub ids with `/` and `.`,
@@ -53,6 +57,13 @@ OPTIONS = {
         "url": "nats://n1.example:4222,nats://n2.example:4222",
         "replicas": 3,
         "monitoringEndpoint": "nats-headless.queue.svc.cluster.local:8222",
+        "auth": {"existingSecret": "shoal-nats", "credsKey": "shoal.creds"},
+        "tls": {
+            "existingSecret": "nats-ca",
+            "certKey": "tls.crt",
+            "keyKey": "tls.key",
+            "serverName": "nats.queue.internal",
+        },
     },
     "auth": {"existingSecret": "shoal-keys", "existingSecretKey": "keys.toml"},
     "objects": {"backend": "s3", "bucket": "shoal-files", "prefix": "prod/"},
@@ -546,3 +557,177 @@ def test_chart_made_secrets(tmp_path: Path) -> None:
     assert env_of(gateway["containers"][0])["SHOAL_AUTH__KEYS_FILE"] == "/etc/shoal/auth/keys.json"
     workers = pool_deployments(docs)["encoders"]["spec"]["template"]["spec"]
     assert not any(v["name"] == "auth" for v in workers["volumes"])  # only gateways read keys
+
+
+# -- NATS: credentials, TLS and who may reach it ----------------------------------------------
+
+
+def shoal_pods(docs: list[dict]) -> dict[str, dict]:
+    """Every Shoal pod spec (gateway and pools), by Deployment name."""
+    return {
+        name: d["spec"]["template"]["spec"]
+        for name, d in by_kind(docs, "Deployment").items()
+        if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/part-of") == "shoal"
+    }
+
+
+def mounted_file(pod: dict, path: str) -> tuple[str, str]:
+    """(Secret name, key) a container file comes from."""
+    (container,) = pod["containers"]
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    name = path[len(mount["mountPath"]) + 1 :]
+    item = next(i for i in volume["secret"]["items"] if i["path"] == name)
+    return volume["secret"]["secretName"], item["key"]
+
+
+def nats_conf(docs: list[dict]) -> str:
+    return next(d for d in by_kind(docs, "ConfigMap").values() if "nats.conf" in d["data"])["data"][
+        "nats.conf"
+    ]
+
+
+@pytest.fixture(scope="module")
+def nats_docs() -> list[dict]:
+    """The production default: the bundled NATS, with a pool scaling with KEDA."""
+    return render("--set", "poolDefaults.keda.enabled=true")
+
+
+def test_bundled_nats_requires_a_password_and_tls(nats_docs: list[dict]) -> None:
+    text = nats_conf(nats_docs)
+    assert '"authorization": {\n    "password": $SHOAL_PASSWORD,\n    "user": $SHOAL_USER' in text
+    conf = json.loads(text.replace("$SHOAL_PASSWORD", '"p"').replace("$SHOAL_USER", '"u"')
+                      .replace("$SERVER_NAME", '"n"').replace("10Gi", '"10Gi"'))  # fmt: skip
+    assert conf["tls"]["cert_file"].startswith("/etc/nats-certs/nats/")
+    assert conf["tls"]["handshake_first"] == "auto"  # Shoal starts TLS first
+    cluster = conf["cluster"]
+    assert cluster["tls"]["verify"] is True and cluster["tls"]["ca_file"]  # mutual TLS routes
+    assert all(r.startswith("tls://") for r in cluster["routes"])
+    secrets = by_kind(nats_docs, "Secret")
+    auth = secrets["shoal-nats-client-auth"]["data"]
+    assert base64.b64decode(auth["user"]) == b"shoal"
+    assert len(base64.b64decode(auth["password"])) == 40
+    assert set(secrets["shoal-nats-tls"]["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    # The server's container sets the variables from that Secret, each quoted (NATS would
+    # parse `123` as a number) from one Kubernetes defined before it.
+    (sts,) = by_kind(nats_docs, "StatefulSet").values()
+    pod = sts["spec"]["template"]["spec"]
+    env = pod["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    for var, raw, key in (("SHOAL_USER", "NATS_SHOAL_USER_RAW", "user"),
+                          ("SHOAL_PASSWORD", "NATS_SHOAL_PASSWORD_RAW", "password")):  # fmt: skip
+        assert names.index(raw) < names.index(var)
+        assert env[names.index(var)]["value"] == f'"$({raw})"'
+        ref = env[names.index(raw)]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "shoal-nats-client-auth", "key": key}
+    tls_secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert tls_secrets == {"shoal-nats-tls"}
+
+
+def test_the_chart_made_certificate_fits_the_nats_names(nats_docs: list[dict]) -> None:
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    data = by_kind(nats_docs, "Secret")["shoal-nats-tls"]["data"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = set(names.get_values_for_type(x509.DNSName))
+    # What Shoal connects to, and what the routes between nodes name each other by.
+    assert "shoal-nats.ml.svc.cluster.local" in dns and "*.shoal-nats-headless" in dns
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= set(usage)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+def test_every_shoal_pod_logs_in_and_checks_the_certificate(nats_docs: list[dict]) -> None:
+    pods = shoal_pods(nats_docs)
+    assert set(pods) == {"shoal-gateway", "shoal-encoders", "shoal-chat"}
+    for pod in pods.values():
+        env = env_of(pod["containers"][0])
+        assert env["SHOAL_NATS__USER"] == {
+            "secretKeyRef": {"name": "shoal-nats-client-auth", "key": "user"}
+        }
+        assert env["SHOAL_NATS__PASSWORD"] == {
+            "secretKeyRef": {"name": "shoal-nats-client-auth", "key": "password"}
+        }
+        assert env["SHOAL_NATS__TLS"] == "true" and env["SHOAL_NATS__TLS_HANDSHAKE_FIRST"] == "true"
+        # Only the CA reaches Shoal's pods, never the servers' private key.
+        assert mounted_file(pod, env["SHOAL_NATS__TLS_CA_FILE"]) == ("shoal-nats-tls", "ca.crt")
+        (volume,) = [
+            v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "shoal-nats-tls"
+        ]
+        assert [i["key"] for i in volume["secret"]["items"]] == ["ca.crt"]
+
+
+def test_only_shoal_reaches_the_nats_client_port(nats_docs: list[dict]) -> None:
+    (policy,) = by_kind(nats_docs, "NetworkPolicy").values()
+    check_document(policy)
+    (sts,) = by_kind(nats_docs, "StatefulSet").values()
+    nats_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= nats_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = {r["ports"][0]["port"]: r["from"] for r in policy["spec"]["ingress"]}
+    assert set(rules) == {4222, 6222, 8222}
+    for pod_name, dep in by_kind(nats_docs, "Deployment").items():
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        (peer,) = rules[4222]
+        assert peer["podSelector"]["matchLabels"].items() <= labels.items(), pod_name
+    assert rules[6222][0]["podSelector"]["matchLabels"].items() <= nats_labels.items()
+    # KEDA's nats-jetstream scaler reads the monitoring port (no client login), from its
+    # operator's namespace; the client port stays closed to it.
+    (keda,) = rules[8222]
+    assert keda["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "keda"}
+    triggers = [
+        t for o in by_kind(nats_docs, "ScaledObject").values() for t in o["spec"]["triggers"]
+    ]
+    assert triggers and all(
+        t["metadata"]["natsServerMonitoringEndpoint"].endswith(":8222") for t in triggers
+    )
+
+
+def test_nats_security_can_be_narrowed_not_dropped(tmp_path: Path) -> None:
+    docs = render("--set", "networkPolicy.enabled=false", "--set", "queue.auth.password=chosen")
+    assert by_kind(docs, "NetworkPolicy") == {}
+    auth = by_kind(docs, "Secret")["shoal-nats-client-auth"]["data"]
+    assert base64.b64decode(auth["password"]) == b"chosen"
+    out = helm("template", "shoal", str(CHART), "--set", "queue.auth.enabled=false")
+    assert out.returncode != 0 and "always requires" in out.stderr
+    out = helm("template", "shoal", str(CHART), "--set", "queue.auth.existingSecret=x")
+    assert out.returncode != 0 and "external NATS" in out.stderr
+
+
+def test_external_nats_needs_credentials_or_an_explicit_none() -> None:
+    base = ["--set", "nats.enabled=false", "--set", "queue.url=nats://nats.example:4222"]
+    out = helm("template", "shoal", str(CHART), *base)
+    assert out.returncode != 0 and "queue.auth.existingSecret" in out.stderr
+    docs = render(*base, "--set", "queue.auth.enabled=false", "--set", "queue.tls.enabled=false")
+    for pod in shoal_pods(docs).values():
+        env = env_of(pod["containers"][0])
+        assert not [k for k in env if k.startswith("SHOAL_NATS__") and k[12:] in
+                    ("USER", "PASSWORD", "TOKEN", "CREDS_FILE", "TLS", "TLS_CA_FILE")]  # fmt: skip
+    assert by_kind(docs, "Secret") == {} and by_kind(docs, "NetworkPolicy") == {}
+
+
+def test_external_nats_with_user_password_and_system_cas(default_docs: list[dict]) -> None:
+    for pod in shoal_pods(default_docs).values():
+        env = env_of(pod["containers"][0])
+        assert env["SHOAL_NATS__PASSWORD"] == {
+            "secretKeyRef": {"name": "nats-client", "key": "password"}
+        }
+        assert env["SHOAL_NATS__TLS"] == "true" and "SHOAL_NATS__TLS_CA_FILE" not in env
+        assert not any(v["name"].startswith("nats-") for v in pod["volumes"])
+
+
+def test_external_nats_with_a_creds_file_and_mutual_tls(option_docs: list[dict]) -> None:
+    pods = shoal_pods(option_docs)
+    assert pods
+    for pod in pods.values():
+        env = env_of(pod["containers"][0])
+        assert "SHOAL_NATS__USER" not in env and "SHOAL_NATS__PASSWORD" not in env
+        assert mounted_file(pod, env["SHOAL_NATS__CREDS_FILE"]) == ("shoal-nats", "shoal.creds")
+        for var, key in (("TLS_CA_FILE", "ca.crt"), ("TLS_CERT_FILE", "tls.crt"),
+                         ("TLS_KEY_FILE", "tls.key")):  # fmt: skip
+            assert mounted_file(pod, env[f"SHOAL_NATS__{var}"]) == ("nats-ca", key)
+        assert env["SHOAL_NATS__TLS_SERVER_NAME"] == "nats.queue.internal"

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import nats
+import nats.errors
 import numpy as np
 import openai
 import psutil
@@ -77,11 +79,16 @@ def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path
                 lambda b=base: len(_ready_workers(b)) >= WORKERS + 1, 240, watched, "workers"
             )
 
-        # Streams and buckets are replicated on all three nodes.
+        # Streams and buckets are replicated on all three nodes, which take only the user
+        # `serve` made for this start.
         settings = json.loads((tmp_path / "data" / "run" / "settings.json").read_bytes())
         nats_url = settings["nats"]["url"]
+        login = {"user": settings["nats"]["user"], "password": settings["nats"]["password"]}
         assert len(nats_url.split(",")) == 3
-        assert asyncio.run(stream_view(nats_url, "SHOAL_WORK")).replicas == 3
+        assert asyncio.run(stream_view(nats_url, "SHOAL_WORK", **login)).replicas == 3
+        for node in nats_url.split(","):
+            with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+                asyncio.run(nats.connect(node, allow_reconnect=False, connect_timeout=5))
 
         clients = [openai.OpenAI(base_url=f"{b}/v1", api_key="x", max_retries=0) for b in bases]
         texts = [f"sentence number {i} about the sea" for i in range(64)]

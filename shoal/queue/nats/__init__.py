@@ -2,7 +2,8 @@
 holds it). `Bus` is a connection; `JetStreamPuller` pulls a durable consumer;
 `NatsKeyValue` is a key-value bucket."""
 
-from .bus import Bus, ConsumerState, StoredMessage, wait_jetstream
+from .bus import Bus, ConsumerState, StoredMessage
+from .connect import wait_jetstream
 from .kv import NatsKeyValue
 from .pull import JetStreamPuller, NatsDelivery
 

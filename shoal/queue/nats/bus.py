@@ -22,10 +22,11 @@ from nats.js import api
 from ...config import NatsSettings
 from ...lifecycle import retry_until_ready
 from ..errors import QueueFullError, QueueUnavailableError
+from .connect import connect_options, servers
 from .kv import NatsKeyValue
 from .pull import JetStreamPuller
 
-__all__ = ["Bus", "ConsumerState", "StoredMessage", "wait_jetstream"]
+__all__ = ["Bus", "ConsumerState", "StoredMessage"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -55,32 +56,6 @@ class StoredMessage(msgspec.Struct, frozen=True):
     seq: int
     subject: str
     data: bytes
-
-
-async def wait_jetstream(url: str, within: float = 30.0) -> None:
-    """Until JetStream at `url` (comma-separated servers) answers API requests: a new
-    cluster answers only once its nodes have elected a meta leader.
-
-    Raises:
-        TimeoutError: not within `within` seconds.
-    """
-
-    async def answers() -> None:
-        nc = await nats.connect(url.split(","), connect_timeout=2, allow_reconnect=False)
-        try:
-            await nc.jsm().account_info()
-        finally:
-            await nc.close()
-
-    try:
-        await retry_until_ready(
-            answers,
-            what=f"JetStream at {url}",
-            retry_on=(OSError, nats.errors.Error, TimeoutError),
-            within=within,
-        )
-    except (OSError, nats.errors.Error, TimeoutError) as exc:
-        raise TimeoutError(f"JetStream at {url} not ready in {within}s: {exc!r}") from exc
 
 
 async def _provisioning(what: str, call: Callable[[], Awaitable[_T]], within: float) -> _T:
@@ -121,9 +96,16 @@ class Bus:
 
         Raises:
             QueueUnavailableError: the first connection failed.
+            ValueError: the settings name TLS or credential files that do not load.
         """
 
+        options = connect_options(settings)
+        # What the server answered (a refused login) says more than the broken pipe
+        # that follows it: the error message names it first.
+        errors: dict[str, Exception] = {}
+
         async def _error(exc: Exception) -> None:
+            errors["said" if isinstance(exc, nats.errors.Error) else "other"] = exc
             log.warning("nats: %s", exc)
 
         async def _disconnected() -> None:
@@ -139,7 +121,7 @@ class Bus:
         try:
             nc = await asyncio.wait_for(
                 nats.connect(
-                    servers=[s.strip() for s in settings.url.split(",")],
+                    servers=servers(settings),
                     name=name,
                     connect_timeout=settings.connect_timeout,
                     max_reconnect_attempts=-1,
@@ -148,11 +130,17 @@ class Bus:
                     error_cb=_error,
                     disconnected_cb=_disconnected,
                     reconnected_cb=_reconnected,
+                    **options,
                 ),
                 2 * settings.connect_timeout,
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
-            raise QueueUnavailableError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
+            # A refused password or certificate shows only in the error callback.
+            seen = errors.get("said") or errors.get("other")
+            cause = f"{exc!r}" + (f" (last: {seen!r})" if seen else "")
+            raise QueueUnavailableError(
+                f"cannot connect to NATS at {settings.display_url}: {cause}"
+            ) from exc
         return cls(nc, settings)
 
     @classmethod
@@ -170,7 +158,7 @@ class Bus:
         """
         return await retry_until_ready(
             lambda: cls.connect(settings, name, on_disconnect),
-            what=f"NATS at {settings.url}",
+            what=f"NATS at {settings.display_url}",
             retry_on=(QueueUnavailableError,),
             within=settings.ready_within,
         )

@@ -202,7 +202,8 @@ that hub ids use (`_` first, since the escapes themselves contain it).
 {{- end }}
 
 {{/*
-Environment every Shoal container gets: NATS, the model spec, the object store, S3.
+Environment every Shoal container gets: NATS (with its credentials and TLS), the model
+spec, the object store, S3.
 */}}
 {{- define "shoal.commonEnv" -}}
 - name: SHOAL_NATS__URL
@@ -239,6 +240,7 @@ Environment every Shoal container gets: NATS, the model spec, the object store, 
 - name: SHOAL_S3__REGION
   value: {{ . | quote }}
 {{- end }}
+{{- include "shoal.nats.env" . }}
 {{- if include "shoal.s3.credentials" . }}
 - name: SHOAL_S3__ACCESS_KEY_ID
   valueFrom:
@@ -256,7 +258,7 @@ Environment every Shoal container gets: NATS, the model spec, the object store, 
 {{- end }}
 {{- end }}
 
-{{/* Volumes and mounts every Shoal pod gets: the model spec and the data dir. */}}
+{{/* Volumes and mounts every Shoal pod gets: the model spec, the data dir, NATS's CA and credential files. */}}
 {{- define "shoal.commonVolumes" -}}
 {{- if .Values.modelSpec.enabled }}
 - name: model-spec
@@ -272,6 +274,7 @@ Environment every Shoal container gets: NATS, the model spec, the object store, 
     {{- end }}
 - name: tmp
   emptyDir: {}
+{{- include "shoal.nats.volumes" . }}
 {{- end }}
 
 {{- define "shoal.commonVolumeMounts" -}}
@@ -284,6 +287,7 @@ Environment every Shoal container gets: NATS, the model spec, the object store, 
   mountPath: {{ .Values.dataDir.path }}
 - name: tmp
   mountPath: /tmp
+{{- include "shoal.nats.volumeMounts" . }}
 {{- end }}
 
 {{/* The pod-level spec parts every Shoal pod shares. */}}
