@@ -181,6 +181,12 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_in_flight: int = 2048
     """Requests one gateway process holds at once (waiting for workers); past it new
     ones get 429 before their body is read, so its memory stays bounded under overload."""
+    max_body_bytes_in_flight: int = 0
+    """Bytes of request bodies those requests may hold at once (a body's declared
+    length, or `max_body_bytes` if it declares none); past it new ones get 429 before
+    their body is read. 0: a sixteenth of the memory the process may use (its
+    container's limit where lower). Never below `max_body_bytes`, so a request of the
+    largest size always fits alone."""
     item_max_inputs: int = 32
     """A request is split into work items of at most this many inputs."""
     item_max_bytes: int = 256 * 1024

@@ -7,8 +7,9 @@ Before a request's body is read, in this order:
 3. rate limits of the key (requests per minute, and tokens per minute on the routes that
    do work): 429 with `Retry-After` and `x-ratelimit-*` headers (sent on every response
    of a rate-limited key);
-4. the gateway's in-flight bound on work routes: 429 with `Retry-After`, so under
-   overload its memory stays bounded by `max_in_flight` requests, not by the load.
+4. the gateway's in-flight bounds on work routes, on requests and on their body bytes:
+   429 with `Retry-After`, so under overload its memory stays bounded by
+   `max_in_flight` requests and `max_body_bytes_in_flight` bytes, not by the load.
 
 A work request then runs as its own task, cancelled if the client leaves before the
 response is sent (the dispatcher then tells workers to drop its work), with two context
@@ -33,6 +34,7 @@ from typing import Any
 
 from ..compat.errors import OverloadedError, ShoalError
 from ..config import Settings
+from ..sysmem import memory_limit
 from .errors import send_error
 from .keys import KeyRing, PermissionDeniedError, Principal
 from .ratelimit import RateLimiter
@@ -156,8 +158,15 @@ class Admission:
         self.keys = KeyRing(settings.auth, self._keys_text)
         """The keys now; replaced whole when the keys file changes (`watch_keys`)."""
         self.limiter = RateLimiter()
-        self.max_in_flight = settings.gateway.max_in_flight
+        limits = settings.gateway
+        self.max_in_flight = limits.max_in_flight
         self.in_flight = 0
+        self.max_body_bytes = limits.max_body_bytes
+        self.body_budget = max(
+            limits.max_body_bytes_in_flight or memory_limit() // 16, limits.max_body_bytes
+        )
+        """Body bytes work requests may hold at once (see the setting)."""
+        self.body_bytes = 0
 
     def _read_keys_file(self) -> bytes | None:
         path = self._auth.keys_file
@@ -267,7 +276,10 @@ class AdmissionMiddleware:
                     extra = verdict.headers
                     if not verdict.allowed:
                         raise _over_limit(principal, verdict.limit, verdict.retry_after)
-            if counted and gate.in_flight >= gate.max_in_flight:
+            size = _body_size(scope, gate.max_body_bytes) if counted else 0
+            if counted and (
+                gate.in_flight >= gate.max_in_flight or gate.body_bytes + size > gate.body_budget
+            ):
                 raise OverloadedError(
                     "This gateway holds as many requests as it may; retry after a moment",
                     code="gateway_busy",
@@ -283,10 +295,12 @@ class AdmissionMiddleware:
             with gate.metered(principal):
                 if counted:
                     gate.in_flight += 1
+                    gate.body_bytes += size
                     try:
                         await _run_until_disconnect(self.app, scope, receive, send)
                     finally:
                         gate.in_flight -= 1
+                        gate.body_bytes -= size
                 else:
                     await self.app(scope, receive, send)
         finally:
@@ -346,6 +360,15 @@ def _over_limit(principal: Principal, limit: str, retry_after: float) -> ShoalEr
 def _denied(principal: Principal, group: str) -> ShoalError:
     what = "the admin API" if group == "admin" else f"the {group} API"
     return PermissionDeniedError(f"The API key '{principal.name}' may not call {what}")
+
+
+def _body_size(scope: Any, largest: int) -> int:
+    """The bytes a request's body will hold: its declared length, or the largest body
+    allowed where it declares none (chunked) or an unreadable one (larger ones are 413)."""
+    declared = _header(scope, b"content-length")
+    if declared is None or not declared.isdigit():
+        return largest
+    return min(int(declared), largest)
 
 
 def _header(scope: Any, name: bytes) -> str | None:

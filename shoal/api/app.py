@@ -66,7 +66,7 @@ def _lifespan(settings: Settings, stop: asyncio.Event | None, admission: Admissi
             yield
             return
         app.state.gateway = gateway
-        app.state.status = StatusBoard(gateway, app.state.observer)
+        app.state.status = StatusBoard(gateway, app.state.observer, admission)
         runner = None
         if settings.batches.run_batches:
             runner = BatchRunner(gateway, settings.batches, admission)

@@ -16,6 +16,7 @@ from .. import telemetry
 from ..queue.depth import QueueDepth, QueueDepths
 from ..queue.messages import WorkerHeartbeat
 from ..queue.subjects import Subjects
+from .admission import Admission
 from .gateway import Gateway
 from .observe import Observer
 
@@ -29,9 +30,10 @@ class StatusBoard:
     """One per gateway process: builds the status document and exports the queue and
     worker gauges."""
 
-    def __init__(self, gateway: Gateway, observer: Observer) -> None:
+    def __init__(self, gateway: Gateway, observer: Observer, admission: Admission) -> None:
         self.gateway = gateway
         self.observer = observer
+        self.admission = admission
         nats = gateway.settings.nats
         self.depths = QueueDepths(gateway.bus, nats.stream, Subjects(nats.subject_prefix))
         meter = telemetry.meter("shoal.gateway")
@@ -77,6 +79,9 @@ class StatusBoard:
             "gateway": {
                 "id": self.gateway.dispatcher.gateway_id,
                 "started_at": self.observer.started_at,
+                # What it holds against its bounds (max_in_flight, body bytes in flight).
+                "in_flight": self.admission.in_flight,
+                "body_bytes_in_flight": self.admission.body_bytes,
             },
             "totals": dict(stats.totals),
             "window_s": _WINDOW,

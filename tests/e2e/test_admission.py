@@ -392,6 +392,51 @@ def test_a_gateway_holding_its_most_requests_answers_429_at_once(
         gateway.stop()
 
 
+def test_a_gateway_bounds_the_body_bytes_it_holds(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Requests held waiting hold their bodies: past `max_body_bytes_in_flight` of them
+    (declared lengths; a body of unknown length counts as the largest allowed) new ones
+    get 429 before their body is read, however few requests that is."""
+    kib = 1024
+    env = {
+        "SHOAL_GATEWAY__MAX_BODY_BYTES": str(64 * kib),
+        "SHOAL_GATEWAY__MAX_BODY_BYTES_IN_FLIGHT": str(100 * kib),
+        "SHOAL_GATEWAY__NO_WORKER_POLICY": "queue",
+        "SHOAL_GATEWAY__REQUEST_TIMEOUT": "8",
+    }
+    gateway, base = start_gateway(nats_server.url, tmp_path, env)
+
+    def body(kibibytes: int) -> bytes:
+        text = "x" * (kibibytes * kib - 64)
+        return json.dumps({"model": MODEL, "input": text}).encode()
+
+    def post(content, **headers) -> httpx.Response:
+        headers = {"content-type": "application/json", **headers}
+        return httpx.post(f"{base}/v1/embeddings", content=content, headers=headers, timeout=30)
+
+    def held() -> int:
+        return httpx.get(f"{base}/status.json", timeout=5).json()["gateway"]["body_bytes_in_flight"]
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, body(60))
+            wait_until(lambda: held() == len(body(60)), 10, gateway, "the first body held")
+            refused = post(body(50))
+            assert refused.status_code == 429, refused.text
+            validate(refused.json(), "ErrorResponse")
+            assert refused.json()["error"]["code"] == "gateway_busy"
+            assert int(refused.headers["retry-after"]) >= 1
+            unknown_length = post(iter([body(1)]))  # chunked: counted as 64 KiB
+            assert unknown_length.status_code == 429, unknown_length.text
+            fits = pool.submit(post, body(30))  # 60 + 30 KiB: admitted, and waits
+            assert (first.result().status_code, fits.result().status_code) == (504, 504)
+        assert held() == 0
+        assert post(body(50)).status_code == 504  # room again once they ended
+    finally:
+        gateway.stop()
+
+
 async def test_a_client_that_leaves_cancels_its_work(stack: str, session_nats) -> None:
     """The gateway notices the client hang up mid-request and tells workers (on the cancel
     subject) to drop the request, long before its deadline; the stack keeps serving."""
