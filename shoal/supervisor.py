@@ -31,10 +31,11 @@ import msgspec
 
 from .config import Settings
 from .lifecycle import DRAIN_SECONDS, STOP_WITHIN, Stopped, die_with_parent
+from .private import private_dir, write_private
 from .queue.embedded import EmbeddedNats, EmbeddedNatsCluster, ServerAuth
 from .queue.nats import wait_jetstream
 
-__all__ = ["Child", "Topology", "serve", "write_private"]
+__all__ = ["Child", "Topology", "serve"]
 
 log = logging.getLogger("shoal.serve")
 
@@ -164,8 +165,10 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
     topology = topology or Topology()
     data_dir = Path(settings.data_dir)
     run_dir = data_dir / "run"
-    _private_dir(data_dir)
-    _private_dir(run_dir)
+    # The data dir holds the settings the children read (S3 secrets, `OTEL_*` headers,
+    # the NATS password) and the queue's files.
+    private_dir(data_dir)
+    private_dir(run_dir)
     starting = True
     stop_asked_at = 0.0
 
@@ -216,26 +219,3 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
             nats.stop(timeout=1.0)
         log.info("shoal: stopped")
     return status
-
-
-def _private_dir(path: Path) -> None:
-    """`path`, created if missing, readable by this user only: the data dir holds the
-    settings the children read (S3 secrets, `OTEL_*` headers) and the queue's files. A
-    directory another user owns is left as it is (the file modes still hold)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid == os.getuid() and info.st_mode & 0o077:
-        log.info("%s: readable by others; narrowing it to this user (0700)", path)
-        path.chmod(0o700)
-
-
-def write_private(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` readable by this user only (0600), never briefly wider: the
-    file is created with that mode, and an existing one is narrowed before it is written."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return path

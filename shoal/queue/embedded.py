@@ -13,7 +13,6 @@ on the command line, which every local user can read.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import socket
@@ -29,6 +28,7 @@ from urllib.parse import quote
 import msgspec
 
 from ..config import NatsSettings
+from ..private import write_private
 
 __all__ = [
     "EmbeddedNats",
@@ -78,17 +78,6 @@ class ServerAuth:
 
 def _authorization(auth: ServerAuth) -> dict[str, str]:
     return {"user": auth.user, "password": auth.password}
-
-
-def _write_private(path: Path, text: str) -> Path:
-    """`text` in a file only this user can read, never briefly wider."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    return path
 
 
 class EmbeddedNats:
@@ -151,7 +140,7 @@ class EmbeddedNats:
         does not stop it before the processes that still need it."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if self.config:
-            _write_private(self.config_file, json.dumps(self.config, indent=2))
+            write_private(self.config_file, json.dumps(self.config, indent=2).encode())
         out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             self.command(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import stat
 
-from shoal.supervisor import write_private
+from shoal.private import write_private
 
 
 def test_a_new_file_is_written_0600(tmp_path) -> None:
