@@ -201,6 +201,11 @@ class BatchSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     through leases in JetStream KV)."""
     max_file_bytes: int = 8 << 30
     """Largest upload to /v1/files."""
+    max_line_bytes: Annotated[int, msgspec.Meta(ge=1)] = 32 << 20
+    """Longest line of a batch input file, in bytes: a longer line fails the batch's
+    validation (`line_too_long`, naming the line). A line is one request, so the default
+    is the largest request body the live routes take (`gateway.max_body_bytes`).
+    Validating or running a batch holds at most about twice this for its current line."""
     max_in_flight: int = 512
     """Lines of one batch queued or running at once (flow control)."""
     max_batches_running: int = 4
