@@ -287,6 +287,20 @@ class BatchSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     through leases in JetStream KV)."""
     max_file_bytes: int = 8 << 30
     """Largest upload to /v1/files."""
+    quota_bytes_per_key: Annotated[int, msgspec.Meta(ge=0)] = 100 << 30
+    """Bytes of files one API key may store (uploads and batch outputs; without keys,
+    everyone together). An upload past it is refused with 413 `storage_quota_exceeded`,
+    and so is a new batch while the key's files fill it; deleting files makes room. A
+    fixed figure rather than one read off a disk, so every gateway of a cluster enforces
+    the same one (an S3 store has no free space to read)."""
+    quota_bytes_total: Annotated[int, msgspec.Meta(ge=0)] = 1 << 40
+    """Bytes of files all keys together may store, with the same refusals. The object
+    store's own room is the hard bound: a full disk makes uploads fail (503) first."""
+    max_line_bytes: Annotated[int, msgspec.Meta(ge=1)] = 32 << 20
+    """Longest line of a batch input file, in bytes: a longer line fails the batch's
+    validation (`line_too_long`, naming the line). A line is one request, so the default
+    is the largest request body the live routes take (`gateway.max_body_bytes`).
+    Validating or running a batch holds at most about twice this for its current line."""
     max_in_flight: int = 512
     """Lines of one batch queued or running at once (flow control)."""
     max_batches_running: int = 4

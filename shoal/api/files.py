@@ -18,6 +18,7 @@ from ..compat.errors import InvalidRequestError, NotFoundError, UnavailableError
 from ..compat.openai.files import PURPOSES, FileDeleted, FileList, FileObject
 from ..queue.nats import NatsKeyValue
 from ..queue.objects import ObjectNotFoundError, ObjectStore, ObjectStoreError
+from .file_quota import StorageQuota, StoredBytes
 
 __all__ = ["FileRecord", "FileStore", "new_id", "valid_id"]
 
@@ -33,7 +34,15 @@ class FileRecord(FileObject, kw_only=True):
         return FileObject(**{f: getattr(self, f) for f in FileObject.__struct_fields__})
 
 
+class _Size(msgspec.Struct):
+    """What the quota reads of a record."""
+
+    bytes: int
+    owner: str = ""
+
+
 _decode = msgspec.json.Decoder(FileRecord).decode
+_decode_size = msgspec.json.Decoder(_Size).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -61,9 +70,21 @@ class FileStore:
     may see (None: every file). Another owner's file is "not found", exactly as a missing
     one, so ids leak nothing."""
 
-    def __init__(self, kv: NatsKeyValue, objects: ObjectStore) -> None:
+    def __init__(
+        self, kv: NatsKeyValue, objects: ObjectStore, quota_per_key: int, quota_total: int
+    ) -> None:
         self._kv = kv
         self.objects = objects
+        self.quota = StorageQuota(quota_per_key, quota_total, self.stored)
+
+    async def stored(self) -> StoredBytes:
+        """Bytes of files per owner and in all, as the bucket (every gateway's) records
+        them now: one read of the whole bucket."""
+        by_owner: dict[str, int] = {}
+        for value in (await self._kv.values()).values():
+            size = _decode_size(value)
+            by_owner[size.owner] = by_owner.get(size.owner, 0) + size.bytes
+        return StoredBytes(by_owner, sum(by_owner.values()))
 
     async def add(
         self,

@@ -113,7 +113,12 @@ class Gateway:
         registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
         await registry.start()
         objects = open_object_store(settings.objects, settings.s3, settings.data_dir)
-        files = FileStore(await bus.key_value(settings.nats.files_bucket), objects)
+        files = FileStore(
+            await bus.key_value(settings.nats.files_bucket),
+            objects,
+            settings.batches.quota_bytes_per_key,
+            settings.batches.quota_bytes_total,
+        )
         batches = BatchStore(await bus.key_value(settings.nats.batches_bucket))
         gateway = cls(settings, registry, bus, files, batches)
         await gateway.dispatcher.start()

@@ -30,3 +30,22 @@ async def test_keys_lists_every_live_key_every_time(nats_server) -> None:
         assert (await bus.js.stream_info("KV_test_keys")).state.consumer_count == 0
     finally:
         await bus.close()
+
+
+async def test_values_reads_every_live_value_in_one_pass(nats_server) -> None:
+    """What the storage quota reads: each live key's latest value, none deleted."""
+    bus = await Bus.connect(settings_for(nats_server.url).nats, "test-kv-values")
+    try:
+        kv = await bus.key_value("test_values")
+        assert await kv.values() == {}
+        for i in range(1200):  # more than one fetch
+            await kv.put(f"k{i:04d}", f"v{i}".encode())
+        for i in range(0, 1200, 4):
+            await kv.delete(f"k{i:04d}")
+        await kv.put("k0001", b"changed")
+        expected = {f"k{i:04d}": f"v{i}".encode() for i in range(1200) if i % 4}
+        expected["k0001"] = b"changed"
+        assert await kv.values() == expected
+        assert (await bus.js.stream_info("KV_test_values")).state.consumer_count == 0
+    finally:
+        await bus.close()

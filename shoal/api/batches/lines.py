@@ -1,8 +1,14 @@
 """Reading and checking a batch input file, line by line, streamed.
 
-`check_line` is the one definition of a valid line; validation runs it over the whole
-file before anything is queued, and the runner runs it again to decode each line it
-sends, so the two can never disagree.
+`input_lines` and `check_line` are the one definition of a valid line; validation runs
+them over the whole file before anything is queued, and the runner runs them again to
+decode each line it sends, so the two can never disagree.
+
+A line is held as the pieces of the chunks it spans and joined once, when its end is
+found, so each byte is copied a bounded number of times however long the line. A line
+longer than `max_line_bytes` is not held at all: its pieces are dropped as soon as it
+passes the cap, the rest of it is skipped up to its newline, and it is reported once (as
+`TooLong`), so memory per line stays under the cap plus one chunk whatever the file holds.
 """
 
 from __future__ import annotations
@@ -18,7 +24,17 @@ from ...compat.errors import ShoalError
 from ...compat.openai.batches import BatchError, BatchInputLine
 from ..answer import Endpoint
 
-__all__ = ["CheckedLine", "LineError", "Validation", "check_line", "input_lines", "validate"]
+__all__ = [
+    "CheckedLine",
+    "InputLine",
+    "LineError",
+    "TooLong",
+    "Validation",
+    "check_line",
+    "custom_id_of",
+    "input_lines",
+    "validate",
+]
 
 _decode_line = msgspec.json.Decoder(BatchInputLine).decode
 
@@ -38,25 +54,74 @@ class CheckedLine(NamedTuple):
     model: str
 
 
-async def input_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
-    """`(line number from 1, line)` for every non-blank line."""
-    tail = b""
+class TooLong(NamedTuple):
+    """In place of a line longer than `limit` bytes, which was not kept."""
+
+    limit: int
+
+
+class InputLine(NamedTuple):
+    number: int
+    """The line's number in the file, from 1 (blank lines are counted, not yielded)."""
+    raw: bytes | TooLong
+    """The line without its newline."""
+
+
+async def input_lines(
+    chunks: AsyncIterator[bytes], max_line_bytes: int
+) -> AsyncIterator[InputLine]:
+    """Every non-blank line of the file, in order; a line longer than `max_line_bytes`
+    (blank or not: it is not kept to look at) comes as `TooLong`."""
+    pieces: list[bytes] = []  # the current line so far, joined once its end is found
+    held = 0  # bytes in `pieces`, or in the line being skipped
     number = 0
+    too_long = TooLong(max_line_bytes)
     async for chunk in chunks:
-        lines = (tail + chunk).split(b"\n")
-        tail = lines.pop()
-        for line in lines:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
             number += 1
-            if line.strip():
-                yield number, line
-    if tail.strip():
-        yield number + 1, tail
+            length = held + end - start
+            if length > max_line_bytes:
+                yield InputLine(number, too_long)
+            else:
+                line = b"".join([*pieces, chunk[start:end]]) if pieces else chunk[start:end]
+                if line.strip():
+                    yield InputLine(number, line)
+            pieces.clear()
+            held = 0
+            start = end + 1
+        if start < len(chunk):
+            held += len(chunk) - start
+            if held <= max_line_bytes:
+                pieces.append(chunk[start:] if start else chunk)
+            else:
+                pieces.clear()  # past the cap: the rest is only counted up to its end
+    if held > max_line_bytes:
+        yield InputLine(number + 1, too_long)
+    elif held:
+        line = b"".join(pieces)
+        if line.strip():
+            yield InputLine(number + 1, line)
+
+
+def custom_id_of(raw: bytes | TooLong) -> str:
+    """The line's `custom_id`, or "" when it has none (or cannot be read)."""
+    if isinstance(raw, TooLong):
+        return ""
+    try:
+        return str(msgspec.json.decode(raw).get("custom_id", ""))
+    except (msgspec.DecodeError, AttributeError, RecursionError):
+        return ""
 
 
 def check_line(
-    raw: bytes, url: str, endpoint: Endpoint, resolve: Callable[[str, str], object]
+    raw: bytes | TooLong, url: str, endpoint: Endpoint, resolve: Callable[[str, str], object]
 ) -> CheckedLine:
     """Raises LineError naming what is wrong with the line."""
+    if isinstance(raw, TooLong):
+        raise LineError(
+            "line_too_long", f"The line is longer than the limit of {raw.limit} bytes per line"
+        )
     try:
         line = _decode_line(raw)
     except msgspec.ValidationError as exc:
@@ -103,7 +168,7 @@ def _hash(custom_id: str) -> int:
 
 
 async def validate(
-    lines: Callable[[], AsyncIterator[tuple[int, bytes]]],
+    lines: Callable[[], AsyncIterator[InputLine]],
     url: str,
     endpoint: Endpoint,
     resolve: Callable[[str, str], object],

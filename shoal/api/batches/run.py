@@ -17,7 +17,7 @@ from ...queue.objects import ObjectStoreError
 from ..admission import current_principal, route_group
 from ..answer import BATCH_ENDPOINTS
 from ..batch_store import BatchRecord, LeaseLostError
-from .lines import LineError, check_line, input_lines, validate
+from .lines import InputLine, LineError, TooLong, check_line, custom_id_of, input_lines, validate
 from .packing import Pack, PackedLine, packed_line
 from .parts import NO_RESPONSE, Outcome, PartWriter, load_parts, part_prefix, render
 
@@ -125,8 +125,9 @@ class BatchRun:
         self.batch = record.batch
         return record
 
-    def _lines(self) -> AsyncIterator[tuple[int, bytes]]:
-        return input_lines(self.objects.get(f"files/{self.batch.input_file_id}"))
+    def _lines(self) -> AsyncIterator[InputLine]:
+        chunks = self.objects.get(f"files/{self.batch.input_file_id}")
+        return input_lines(chunks, self.settings.max_line_bytes)
 
     # Validating ------------------------------------------------------------------------
 
@@ -265,7 +266,7 @@ class BatchRun:
             for _ in range(lines):
                 room.release()
 
-    def _packable(self, index: int, raw: bytes) -> PackedLine | None:
+    def _packable(self, index: int, raw: bytes | TooLong) -> PackedLine | None:
         if self.pack_inputs <= 1 or self.endpoint.op != "embed":
             return None
         try:
@@ -303,11 +304,11 @@ class BatchRun:
         with admission.metered(principal):
             return await call()
 
-    async def _answer_one(self, index: int, raw: bytes) -> list[Outcome]:
+    async def _answer_one(self, index: int, raw: bytes | TooLong) -> list[Outcome]:
         try:
             line = check_line(raw, self.batch.endpoint, self.endpoint, self.gateway.resolve)
-        except LineError as exc:  # valid at validation; the registry changed since
-            return [Outcome(index, _custom_id(raw), 400, _error_body(exc.message, exc.code))]
+        except LineError as exc:  # valid at validation; the registry (or line cap) changed
+            return [Outcome(index, custom_id_of(raw), 400, _error_body(exc.message, exc.code))]
         try:
             response = await self._retrying(lambda: self.endpoint.call(self.gateway, line.body))
             return [Outcome(index, line.custom_id, 200, _encode(response))]
@@ -460,14 +461,7 @@ class BatchRun:
             async for _, raw in self._lines():
                 index += 1
                 if index < len(seen) and not seen[index]:
-                    yield render(self.id, Outcome(index, _custom_id(raw), NO_RESPONSE, error))
-
-
-def _custom_id(raw: bytes) -> str:
-    try:
-        return str(msgspec.json.decode(raw).get("custom_id", ""))
-    except (msgspec.DecodeError, AttributeError, RecursionError):
-        return ""
+                    yield render(self.id, Outcome(index, custom_id_of(raw), NO_RESPONSE, error))
 
 
 def _error_body(message: str, code: str) -> bytes:

@@ -19,7 +19,8 @@ _DESCRIPTIONS = {
     403: "The API key may not call this route or use this model",
     404: "No such model, adapter, file or batch",
     409: "The change conflicts with the current state",
-    413: "The request is larger than the gateway accepts",
+    413: "The request is larger than the gateway accepts, or the key's files fill its "
+    "storage quota (code `storage_quota_exceeded`)",
     415: "The body's content type is not one this route reads",
     429: "A rate limit of the key, or the gateway or its queue is full; see Retry-After",
     503: "No worker serves the model now, or the queue is unreachable; see Retry-After",

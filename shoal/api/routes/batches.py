@@ -17,7 +17,7 @@ from ..batch_store import BatchRecord
 from ..batches.runner import completion_window_seconds
 from ..files import new_id
 from ..gateway import GatewayDep
-from ._openapi import CHANGE_ERRORS, RESOURCE_ERRORS
+from ._openapi import CHANGE_ERRORS, RESOURCE_ERRORS, error_responses
 
 __all__ = ["BatchesController"]
 
@@ -29,7 +29,7 @@ class BatchesController(Controller):
     @post(
         status_code=200,
         summary="Create a batch from an uploaded JSONL file",
-        responses=RESOURCE_ERRORS,
+        responses=error_responses(401, 403, 404, 413, 429),
     )
     async def create(self, data: CreateBatchRequest, gateway: GatewayDep) -> Batch:
         if data.endpoint not in BATCH_ENDPOINTS:
@@ -59,6 +59,7 @@ class BatchesController(Controller):
                 "uploaded with purpose 'batch'",
                 param="input_file_id",
             )
+        await gateway.files.quota.check_room(caller_name())  # its output is stored too
         now = int(time.time())
         batch = Batch(
             id=new_id("batch_"),

@@ -24,8 +24,8 @@ class FilesController(Controller):
     path = "/v1/files"
     tags = ["OpenAI"]
 
-    # No body limit here: the upload streams to the object store and `max_file_bytes`
-    # bounds it as it goes.
+    # No body limit here: the upload streams to the object store, and `max_file_bytes` and
+    # the storage quotas bound it as it goes.
     @post(
         status_code=200,
         summary="Upload a file (multipart)",
@@ -38,7 +38,9 @@ class FilesController(Controller):
         owner = caller_name()
 
         async def store(filename: str, chunks) -> FileObject:
-            return await files.add(filename, fields.get("purpose", "batch"), chunks, owner=owner)
+            async with files.quota.upload(owner) as metered:
+                purpose = fields.get("purpose", "batch")
+                return await files.add(filename, purpose, metered(chunks), owner=owner)
 
         stored = await receive_upload(
             request.stream(),

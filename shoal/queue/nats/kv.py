@@ -86,6 +86,14 @@ class NatsKeyValue:
         as an empty files list in CI). A pull consumer of the last message per key reads
         until each message says nothing is left.
         """
+        return list(await self._last_per_key(headers_only=True))
+
+    async def values(self) -> dict[str, bytes]:
+        """Every key that holds a value, with its value: one pass over the bucket (as
+        `keys()` reads it), not a request per key."""
+        return await self._last_per_key(headers_only=False)
+
+    async def _last_per_key(self, headers_only: bool) -> dict[str, bytes]:
         prefix, stream = f"$KV.{self._bucket}.", f"KV_{self._bucket}"
         sub = await self._js.pull_subscribe(
             f"{prefix}>",
@@ -93,12 +101,12 @@ class NatsKeyValue:
             config=api.ConsumerConfig(
                 deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
                 ack_policy=api.AckPolicy.NONE,
-                headers_only=True,
+                headers_only=headers_only,
                 mem_storage=True,
                 inactive_threshold=_KEYS_CONSUMER_IDLE_S,
             ),
         )
-        keys: list[str] = []
+        entries: dict[str, bytes] = {}
         consumer = ""
         try:
             info = await sub.consumer_info()
@@ -107,7 +115,7 @@ class NatsKeyValue:
                 for msg in await sub.fetch(min(pending, _KEYS_FETCH), timeout=_KEYS_FETCH_S):
                     pending = msg.metadata.num_pending
                     if _holds_value(msg):
-                        keys.append(msg.subject[len(prefix) :])
+                        entries[msg.subject[len(prefix) :]] = msg.data
         except nats.errors.TimeoutError as exc:
             raise QueueUnavailableError(f"listing {self._bucket} timed out") from exc
         finally:
@@ -118,7 +126,7 @@ class NatsKeyValue:
             if consumer:
                 with contextlib.suppress(nats.errors.Error):
                     await self._js.delete_consumer(stream, consumer)
-        return keys
+        return entries
 
     async def delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):

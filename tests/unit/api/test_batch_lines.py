@@ -39,7 +39,7 @@ async def chunks(data: bytes, size: int):
 
 async def test_input_lines_numbers_lines_across_chunk_edges_and_skips_blank_ones() -> None:
     data = b'{"a":1}\n\n{"b":2}\n{"c":3}'
-    got = [(n, raw) async for n, raw in input_lines(chunks(data, 3))]
+    got = [(n, raw) async for n, raw in input_lines(chunks(data, 3), 100)]
     assert got == [(1, b'{"a":1}'), (3, b'{"b":2}'), (4, b'{"c":3}')]
 
 
@@ -53,7 +53,7 @@ def test_check_line_decodes_the_body_into_the_endpoint_request() -> None:
 async def test_validate_finds_every_duplicate_custom_id_with_its_line() -> None:
     data = b"\n".join([line("a"), line("b"), line("a"), line("c"), line("b"), line("a")])
     result = await validate(
-        lambda: input_lines(chunks(data, 7)), "/v1/embeddings", EMBED, resolve, 100
+        lambda: input_lines(chunks(data, 7), 1 << 20), "/v1/embeddings", EMBED, resolve, 100
     )
     assert result.total == 6
     assert [(e.line, e.code) for e in result.errors] == [
@@ -67,7 +67,7 @@ async def test_validate_finds_every_duplicate_custom_id_with_its_line() -> None:
 async def test_validate_caps_reported_errors_but_counts_them_all() -> None:
     data = b"\n".join([b"{bad"] * 10)
     result = await validate(
-        lambda: input_lines(chunks(data, 64)), "/v1/embeddings", EMBED, resolve, 3
+        lambda: input_lines(chunks(data, 64), 1 << 20), "/v1/embeddings", EMBED, resolve, 3
     )
     assert result.error_count == 10
     assert [e.line for e in result.errors] == [1, 2, 3]
