@@ -1,0 +1,65 @@
+"""One process's settings: every section, and the data and cache directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from .access import AuthSettings, GatewaySettings
+from .nats import NatsSettings
+from .storage import BatchSettings, ObjectStoreSettings, S3Settings
+from .workers import GeneratorSettings, WorkerSettings
+
+__all__ = ["Settings", "TelemetrySettings"]
+
+
+class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Traces (OTLP) and the metrics port of every process."""
+
+    metrics_port: int = 0
+    """A worker's `/metrics` port (Prometheus text); 0: none. The gateway serves
+    `/metrics` on its own port."""
+    metrics_host: str = "127.0.0.1"
+    otel: dict[str, str] = {}
+    """The standard `OTEL_*` variables of the environment (traces are off unless they
+    name an exporter or an OTLP endpoint); filled in by `load_settings`."""
+
+
+class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything one Shoal process reads, loaded once in the CLI (defaults, file, env)."""
+
+    data_dir: str = ""
+    """Where the embedded nats-server keeps its data; default: the per-user data dir."""
+    models_file: str = ""
+    """A user model spec (TOML) merged over the built-in one."""
+    model_roots: list[str] = msgspec.field(default_factory=list)
+    """Directories that local-path sources registered at run time (the admin API) must lie
+    in, symlinks followed, links inside a source included; empty: `data_dir/models`. A
+    path anywhere else is refused with one message whether or not it exists, so the admin
+    API reveals and reads nothing outside them. The default is a directory Shoal owns and
+    nothing else writes: registering works once a model is copied there, and no system
+    file is in reach. Spec files (`models_file`) are the operator's own and may name any
+    path."""
+    log_level: str = "info"
+    serve_generation: bool = True
+    """Whether `shoal serve` starts a generation worker beside the encoder worker."""
+    nats: NatsSettings = msgspec.field(default_factory=NatsSettings)
+    s3: S3Settings = msgspec.field(default_factory=S3Settings)
+    objects: ObjectStoreSettings = msgspec.field(default_factory=ObjectStoreSettings)
+    batches: BatchSettings = msgspec.field(default_factory=BatchSettings)
+    gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
+    auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+    worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
+    generator: GeneratorSettings = msgspec.field(default_factory=GeneratorSettings)
+    telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where fetched and converted model files are kept (under `data_dir`)."""
+        return Path(self.data_dir) / "cache"
+
+    @property
+    def model_root_paths(self) -> list[Path]:
+        """`model_roots`, or `data_dir/models` when none is set."""
+        return [Path(r) for r in self.model_roots] or [Path(self.data_dir) / "models"]
