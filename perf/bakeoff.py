@@ -189,7 +189,7 @@ def _model_dir() -> str:
 
     settings = load_settings(None)
     spec = ModelRegistry.from_files().resolve(GEN_MODEL)
-    return materialize_gguf(spec.source, settings.cache_dir)
+    return materialize_gguf(spec.source, settings.cache_path)
 
 
 def openvino_rounds(concurrency: list[int], chats: list, max_tokens: int, threads: int) -> dict:
@@ -203,7 +203,7 @@ def openvino_rounds(concurrency: list[int], chats: list, max_tokens: int, thread
 
     settings = load_settings(None)
     path = _model_dir()
-    ir = openvino_ir(path, settings.cache_dir, export_command(settings.generator))
+    ir = openvino_ir(path, settings.cache_path, export_command(settings.generator))
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = tokenizer.eos_token_id
     scheduler = og.SchedulerConfig()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from shoal.queue.embedded import EmbeddedNats, nats_server_binary
+from tests import helpers
 from tests.helpers import (
     GEN_MODEL,
     MODEL,
@@ -41,6 +42,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _nats_binary() -> None:
     # Fail fast and clearly: every integration test needs it.
     nats_server_binary()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model cache every process of the session shares (see `helpers.SHARED_CACHE`)."""
+    helpers.SHARED_CACHE = tmp_path_factory.mktemp("model-cache")
+    return helpers.SHARED_CACHE
 
 
 def _nats(tmp: Path) -> Iterator[EmbeddedNats]:
@@ -99,9 +107,9 @@ def stack(session_nats: EmbeddedNats, session_dir: Path, task_models: Path) -> I
 
 
 @pytest.fixture(scope="session")
-def lm_dir(stack: str, session_dir: Path) -> Path:
+def lm_dir(stack: str, shared_cache: Path) -> Path:
     """The safetensors copy of SmolLM2 the generation worker converted from the GGUF."""
-    [done] = list((session_dir / "cache" / "gguf").glob("*/.complete"))
+    [done] = list((shared_cache / "gguf").glob("*/.complete"))
     return done.parent
 
 

@@ -19,6 +19,17 @@ from shoal.queue.embedded import free_port
 MODEL = "all-MiniLM-L6-v2"
 
 
+SHARED_CACHE: Path | None = None
+"""The test session's model cache (set by conftest): every process a test starts converts
+SmolLM2 and exports its OpenVINO IR once per session, not once per data dir. Tests of a
+cold start name a cache of their own (`SHOAL_CACHE_DIR`)."""
+
+
+def cache_env() -> dict[str, str]:
+    """`SHOAL_CACHE_DIR` for the session's shared model cache."""
+    return {"SHOAL_CACHE_DIR": str(SHARED_CACHE)} if SHARED_CACHE else {}
+
+
 def shoal_env(nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
     env.update(
@@ -28,6 +39,7 @@ def shoal_env(nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = N
             "SHOAL_LOG_LEVEL": "warning",
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            **cache_env(),
         }
     )
     env.update(extra or {})

@@ -41,6 +41,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nothing else writes: registering works once a model is copied there, and no system
     file is in reach. Spec files (`models_file`) are the operator's own and may name any
     path."""
+    cache_dir: str = ""
+    """Where fetched and converted model files are kept (S3 downloads, a GGUF's
+    safetensors copy, OpenVINO IR exports), each under a key of what it was made from,
+    written whole or not at all, so processes with different data dirs may share one;
+    empty: `data_dir/cache`."""
     log_level: str = "info"
     serve_generation: bool = True
     """Whether `shoal serve` starts a generation worker beside the encoder worker."""
@@ -55,9 +60,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
 
     @property
-    def cache_dir(self) -> Path:
-        """Where fetched and converted model files are kept (under `data_dir`)."""
-        return Path(self.data_dir) / "cache"
+    def cache_path(self) -> Path:
+        """`cache_dir`, or `data_dir/cache` when none is set."""
+        return Path(self.cache_dir or Path(self.data_dir) / "cache")
 
     @property
     def model_root_paths(self) -> list[Path]:

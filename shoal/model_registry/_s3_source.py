@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 from ._errors import SourceError
+from .cache_dirs import partial_dir, publish
 
 __all__ = ["S3Object", "cache_target", "download", "list_objects", "split_uri"]
 
@@ -132,16 +133,13 @@ def download(client: Any, uri: str, target: Path) -> None:
     """
     objects = list_objects(client, uri)  # every key checked before anything is written
     bucket, _ = split_uri(uri)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = partial_dir(target)
     try:
         for obj in objects:
             destination = partial.joinpath(*obj.relative.parts)
             destination.parent.mkdir(parents=True, exist_ok=True)
             client.download_file(bucket, obj.key, str(destination))
-        (partial / ".complete").touch()
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+        publish(partial, target)
     except Exception as exc:
         shutil.rmtree(partial, ignore_errors=True)
         raise _failed(uri, "downloaded", exc) from None

@@ -23,6 +23,7 @@ from ._errors import SourceError
 from ._local_source import confined_path
 from ._packages import check_model_package, gguf_file, model_package_path
 from ._s3_source import cache_target, download, list_objects
+from .cache_dirs import is_complete
 
 __all__ = ["SourceError", "SourceResolver", "gguf_file", "resolve_source"]
 
@@ -56,7 +57,7 @@ class SourceResolver:
     @classmethod
     def of(cls, settings: Settings) -> SourceResolver:
         """The resolver of a process with these settings (its cache in the data dir)."""
-        return cls(settings.cache_dir, settings.s3, settings.model_root_paths)
+        return cls(settings.cache_path, settings.s3, settings.model_root_paths)
 
     def _client(self):
         return s3_client(self.s3)
@@ -110,7 +111,7 @@ class SourceResolver:
 
     def _fetch_s3(self, uri: str) -> str:
         target = cache_target(self.cache_dir, uri)
-        if not (target / ".complete").exists():
+        if not is_complete(target):
             download(self._client(), uri, target)
         return str(target)
 

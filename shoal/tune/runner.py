@@ -274,7 +274,7 @@ def _guarded(
     def reference() -> tuple[str, np.ndarray]:
         """The model's files and its float32 vectors: found and computed once, and only
         when something is checked."""
-        cache = SourceResolver(Path(settings.data_dir) / "cache", settings.s3)
+        cache = SourceResolver(settings.cache_path, settings.s3)
         path = resolve_source(spec, cache)
         return path, float32_vectors(spec, path, sample)
 

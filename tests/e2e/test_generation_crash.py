@@ -130,9 +130,14 @@ def test_without_its_export_tool_the_openvino_default_falls_back_to_transformers
     """`engine = "auto"` (the default) serves the model anyway when OpenVINO cannot start
     here (no optimum-cli): with the transformers engine, said in the log and in
     /v1/models."""
+    # A cache of its own, without the session's OpenVINO IR, holding the converted
+    # SmolLM2: no conversion here.
     target = tmp_path / "cache" / "gguf" / lm_dir.name
-    shutil.copytree(lm_dir, target)  # the converted SmolLM2: no conversion here
-    env = {"SHOAL_GENERATOR__OPENVINO_EXPORT_COMMAND": "/nonexistent/optimum-cli"}
+    shutil.copytree(lm_dir, target)
+    env = {
+        "SHOAL_GENERATOR__OPENVINO_EXPORT_COMMAND": "/nonexistent/optimum-cli",
+        "SHOAL_CACHE_DIR": str(tmp_path / "cache"),
+    }
     worker = start_worker(nats_server.url, tmp_path, GEN_MODEL, env, "gen", "generate")
     gateway, base = start_gateway(nats_server.url, tmp_path)
     try:

@@ -49,14 +49,17 @@ def _serve(nats_url: str, data_dir: Path, env: dict[str, str]) -> tuple[str, str
 
 
 def test_int8_weights_serve_only_above_the_agreement_floor(
-    nats_server, tmp_path, session_dir, lm_dir
+    nats_server, tmp_path, shared_cache, lm_dir
 ) -> None:
-    # The session stack already exported this model's float32 IR (keyed by lm_dir's
-    # path): link it in, so only the int8 export runs here.
-    shutil.copytree(
-        session_dir / "cache" / "openvino", tmp_path / "cache" / "openvino", copy_function=os.link
-    )
-    env = {"SHOAL_MODELS_FILE": str(_spec(tmp_path / "models.toml", lm_dir))}
+    # A cache of its own, so the agreement this test reads is this worker's; the session
+    # stack's IR (keyed by lm_dir's path) is linked in, so the float32 export is not
+    # run again.
+    cache = tmp_path / "cache"
+    shutil.copytree(shared_cache / "openvino", cache / "openvino", copy_function=os.link)
+    env = {
+        "SHOAL_MODELS_FILE": str(_spec(tmp_path / "models.toml", lm_dir)),
+        "SHOAL_CACHE_DIR": str(cache),
+    }
 
     engine, _ = _serve(nats_server.url, tmp_path, env)
     assert engine.startswith("openvino float32, int8 weights (top-1 agreement 0.9"), engine

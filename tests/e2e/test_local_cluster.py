@@ -23,7 +23,15 @@ import psutil
 import pytest
 
 from shoal.queue.embedded import free_port
-from tests.helpers import GEN_MODEL, MODEL, Watched, stop_with_ctrl_c, wait_ready, wait_until
+from tests.helpers import (
+    GEN_MODEL,
+    MODEL,
+    Watched,
+    cache_env,
+    stop_with_ctrl_c,
+    wait_ready,
+    wait_until,
+)
 from tests.nats_cluster import stream_view
 
 pytestmark = pytest.mark.slow
@@ -53,7 +61,7 @@ def test_a_local_cluster_serves_through_both_gateways_and_stops_cleanly(tmp_path
     port = _two_free_ports()
     bases = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-    env.update(SHOAL_DATA_DIR=str(tmp_path / "data"), HF_HUB_OFFLINE="1")
+    env.update(SHOAL_DATA_DIR=str(tmp_path / "data"), HF_HUB_OFFLINE="1", **cache_env())
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
     serve = subprocess.Popen(
         [sys.executable, "-m", "shoal", "serve", "--port", str(port), "--workers",

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from shoal.queue.embedded import free_port
-from tests.helpers import stop_with_ctrl_c, wait_ready
+from tests.helpers import cache_env, stop_with_ctrl_c, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +23,7 @@ def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, mode
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
     env["SHOAL_DATA_DIR"] = str(tmp_path / "data")
+    env.update(cache_env())
     env["SHOAL_S3__SECRET_ACCESS_KEY"] = SECRET  # what the children's settings carry
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
     serve = subprocess.Popen(

@@ -113,6 +113,8 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         **s3.env(),
         "SHOAL_S3__ENDPOINT_URL": proxy.endpoint,
         "SHOAL_MODEL_ROOTS": str(root / "models"),
+        # A cache of its own: the tests look in it for what a refused download left.
+        "SHOAL_CACHE_DIR": str(root / "cache"),
         "SHOAL_MODELS_FILE": str(_write_spec(root / "spec.toml", SPEC_FILE_MODEL, "s3://models/m")),
         "PYTHONPATH": os.pathsep.join([str(_packages(root)), os.environ.get("PYTHONPATH", "")]),
     }

@@ -28,6 +28,7 @@ from tests.helpers import (
     GEN_MODEL,
     MODEL,
     ShoalProcess,
+    cache_env,
     shoal_env,
     start_gateway,
     start_worker,
@@ -163,8 +164,9 @@ def test_a_process_provisioning_while_jetstream_does_not_answer_stops(
 
 
 def test_a_generation_worker_converting_its_model_stops(nats_server, tmp_path) -> None:
-    """A fresh data dir: SmolLM2's GGUF is converted first (tens of seconds)."""
-    proc = start_worker(nats_server.url, tmp_path, GEN_MODEL, INFO, "gen", "generate")
+    """A cold cache of its own: SmolLM2's GGUF is converted first (tens of seconds)."""
+    cold = INFO | {"SHOAL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = start_worker(nats_server.url, tmp_path, GEN_MODEL, cold, "gen", "generate")
     try:
         wait_until(lambda: in_log(proc, "to safetensors"), 120, proc, "the conversion")
         time.sleep(1.0)
@@ -175,7 +177,6 @@ def test_a_generation_worker_converting_its_model_stops(nats_server, tmp_path) -
 
 
 def test_serving_workers_and_gateway_stop(nats_server, tmp_path, lm_dir) -> None:
-    _reuse_converted(lm_dir, tmp_path)
     encoder = start_worker(nats_server.url, tmp_path, MODEL, INFO, "enc")
     generator = start_worker(nats_server.url, tmp_path, GEN_MODEL, INFO, "gen", "generate")
     gateway, base = start_gateway(nats_server.url, tmp_path, INFO)
@@ -222,14 +223,16 @@ def test_a_generation_worker_whose_sglang_server_is_starting_stops_both(
 
 
 class Serve:
-    """`shoal serve` on a fresh data dir, its output in a log."""
+    """`shoal serve` on a fresh data dir, its output in a log; with a cold model cache of
+    its own unless `warm` (the session's shared one)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, warm: bool = False) -> None:
         self.port = free_port()
         self.data = tmp_path / "data"
         self.log_path = tmp_path / "serve.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
         env.update({"SHOAL_DATA_DIR": str(self.data), "SHOAL_LOG_LEVEL": "info"})
+        env.update(cache_env() if warm else {})
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "shoal", "serve", "--port", str(self.port)],
@@ -307,8 +310,15 @@ def test_serve_killed_outright_takes_its_children_with_it(serve: Serve) -> None:
     print(f"\nstop time: serve SIGKILLed, children loading: {time.monotonic() - started:.2f}s")
 
 
-def test_serve_stopped_under_load(serve: Serve, lm_dir) -> None:
-    _reuse_converted(lm_dir, serve.data)
+def test_serve_stopped_under_load(tmp_path: Path, lm_dir) -> None:
+    serve = Serve(tmp_path, warm=True)  # `lm_dir` first: the session's converted SmolLM2
+    try:
+        _stopped_under_load(serve)
+    finally:
+        serve.close()
+
+
+def _stopped_under_load(serve: Serve) -> None:
     wait_ready(serve.base, timeout=180)
     with Load(serve.base) as load:
         wait_for(lambda: load.answered > 10, 60, "answers under load")
@@ -349,10 +359,3 @@ class Load:
                     self.hung += 1
                 except httpx.HTTPError:
                     self.failed += 1  # refused: the server is gone
-
-
-def _reuse_converted(lm_dir: Path, data_dir: Path) -> None:
-    """The session's converted SmolLM2, so this data dir skips the conversion."""
-    target = data_dir / "cache" / "gguf" / lm_dir.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(lm_dir, target, dirs_exist_ok=True)

@@ -17,7 +17,7 @@ import pytest
 from shoal.config import NatsSettings
 from shoal.model_registry import BatchProfile, LiveRegistry, ModelRegistry
 from shoal.queue.nats import Bus
-from tests.helpers import GEN_MODEL, MODEL
+from tests.helpers import GEN_MODEL, MODEL, cache_env
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +73,7 @@ def test_a_two_minute_tune_finds_writes_and_publishes_the_best_profile(
         SHOAL_NATS__URL=nats_server.url,
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
+        **cache_env(),
     )
     started = time.monotonic()
     done = subprocess.run(
@@ -116,7 +117,7 @@ def test_a_generation_model_is_tuned_on_its_continuous_batch(
 ) -> None:
     """`lm_dir` first: the tune's worker reuses the session's converted SmolLM2."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-    env.update(SHOAL_DATA_DIR=str(session_dir), HF_HUB_OFFLINE="1")
+    env.update(SHOAL_DATA_DIR=str(session_dir), HF_HUB_OFFLINE="1", **cache_env())
     budget = GEN_BUDGET_S
     started = time.monotonic()
     done = subprocess.run(

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 from pathlib import Path
 
+from ...model_registry.cache_dirs import is_complete, partial_dir, publish
 from ...model_registry.sources import gguf_file
 
 __all__ = ["materialize_gguf"]
@@ -30,7 +30,7 @@ def materialize_gguf(source: str, cache_dir: Path) -> str:
     stat = file.stat()
     key = hashlib.sha256(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
     target = cache_dir / "gguf" / key
-    if (target / ".complete").exists():
+    if is_complete(target):
         return str(target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -43,11 +43,7 @@ def materialize_gguf(source: str, cache_dir: Path) -> str:
     plain = AutoModelForCausalLM.from_config(config)
     plain.load_state_dict(quantized.state_dict(), strict=False)
     plain.tie_weights()
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = partial_dir(target)
     plain.save_pretrained(str(partial))
     tokenizer.save_pretrained(str(partial))
-    (partial / ".complete").touch()
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
-    return str(target)
+    return str(publish(partial, target))

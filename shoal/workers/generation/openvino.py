@@ -65,6 +65,7 @@ from pathlib import Path
 from ...config import GeneratorSettings
 from ...lifecycle import die_with_parent
 from ...model_registry import ModelSpec
+from ...model_registry.cache_dirs import is_complete, partial_dir, publish
 from .engine import SequenceRequest, TokenEvent
 from .openvino_host import host
 from .runtime import GenerationRuntime, TransformersRuntime
@@ -116,10 +117,9 @@ def openvino_ir(
         stamp.append(weights)
     key = hashlib.sha256(f"{src.resolve()}|{'|'.join(stamp)}".encode()).hexdigest()[:20]
     target = cache_dir / "openvino" / key
-    if (target / ".complete").exists():
+    if is_complete(target):
         return target
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = partial_dir(target)
     args = [
         *command, "export", "openvino", "--model", str(src),
         "--task", "text-generation-with-past", "--weight-format", weights, str(partial),
@@ -135,13 +135,7 @@ def openvino_ir(
     if done.returncode != 0 or not (partial / "openvino_model.xml").exists():
         shutil.rmtree(partial, ignore_errors=True)
         raise RuntimeError(f"the OpenVINO export failed: {(done.stderr or done.stdout)[-1500:]}")
-    (partial / ".complete").touch()
-    shutil.rmtree(target, ignore_errors=True)
-    try:
-        partial.rename(target)
-    except OSError:  # another worker finished first: use its copy
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
+    return publish(partial, target)
 
 
 class _Sequence:

@@ -165,7 +165,7 @@ class GenerationKind(WorkerKind):
             from .openvino import OpenVINORuntime
 
             threads = spec.profile.threads or self.settings.worker.threads
-            return OpenVINORuntime(spec, slots, g, self.settings.cache_dir, threads, loras)
+            return OpenVINORuntime(spec, slots, g, self.settings.cache_path, threads, loras)
         return TransformersRuntime(spec, slots, g.device, loras)
 
     def _engine(self, spec: ModelSpec) -> str:
