@@ -14,7 +14,7 @@ EXPORT_STAMP := $(EXPORT)/.installed
 # make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
-.PHONY: setup serve test lint clean browser
+.PHONY: setup serve test check lint clean browser
 
 setup: $(STAMP) $(EXPORT_STAMP)
 
@@ -52,6 +52,11 @@ serve: setup
 
 test: setup browser lint
 	$(BIN)/pytest
+
+# The inner loop (minutes): lint, import contracts, unit and integration tests without
+# the ones that load real models (`slow`); `make test` runs everything.
+check: lint
+	$(BIN)/pytest -q -m "not slow" tests/unit tests/integration
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

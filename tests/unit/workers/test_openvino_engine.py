@@ -24,6 +24,9 @@ from shoal.workers.quality import QUALITY_FLOOR, cosine_vs_float32, embed
 from tests.helpers import MINILM_SPEC
 from tests.task_models import build_lora_adapter, build_task_models
 
+# Real models in process, seconds each: in `make test`, not `make check`.
+pytestmark = pytest.mark.slow
+
 SPEC = MINILM_SPEC
 
 

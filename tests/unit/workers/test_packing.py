@@ -20,6 +20,9 @@ from shoal.workers.quality import embed
 from tests.helpers import MINILM_SPEC
 from tests.task_models import build_lora_adapter
 
+# Real models in process, seconds each: in `make test`, not `make check`.
+pytestmark = pytest.mark.slow
+
 MINILM_ALPHA = 2 * 384 + 1536
 
 

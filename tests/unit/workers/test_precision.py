@@ -7,6 +7,7 @@ import logging
 
 import msgspec
 import numpy as np
+import pytest
 
 from perf.texts import load
 from shoal.model_registry import ModelSpec
@@ -14,6 +15,9 @@ from shoal.workers.adapters import make_adapter
 from shoal.workers.adapters._torch import cpu_has_native_bf16
 from shoal.workers.quality import QUALITY_FLOOR, cosine_vs_float32, embed
 from tests.helpers import MINILM_SPEC
+
+# Real models in process, seconds each: in `make test`, not `make check`.
+pytestmark = pytest.mark.slow
 
 SPEC = msgspec.structs.replace(
     MINILM_SPEC, profile=msgspec.structs.replace(MINILM_SPEC.profile, engine="torch")
