@@ -326,32 +326,29 @@ def test_status_json_shows_error_messages_to_operators_only(secured) -> None:
     assert [e["code"] for e in public] == [e["code"] for e in operator]
 
 
-def test_a_key_name_given_twice_stops_the_start(tmp_path: Path, session_nats: EmbeddedNats) -> None:
-    env = shoal_env(session_nats.url, tmp_path)
-    twice = [{"name": "a", "sha256": "1" * 64}, {"name": "a", "sha256": "2" * 64}]
-    env["SHOAL_AUTH__KEYS"] = json.dumps(twice)
+def _refused_start(env: dict, *args: str) -> str:
+    """What `shoal gateway` says when it refuses to start (exit status 2)."""
     refused = subprocess.run(
-        [sys.executable, "-m", "shoal", "gateway", "--port", str(free_port())],
+        [sys.executable, "-m", "shoal", "gateway", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert refused.returncode == 2, refused.stderr
-    assert "API key name 'a' is given twice" in refused.stderr
+    return refused.stderr
+
+
+def test_a_key_name_given_twice_stops_the_start(tmp_path: Path, session_nats: EmbeddedNats) -> None:
+    twice = [{"name": "a", "sha256": "1" * 64}, {"name": "a", "sha256": "2" * 64}]
+    env = shoal_env(session_nats.url, tmp_path, {"SHOAL_AUTH__KEYS": json.dumps(twice)})
+    assert "API key name 'a' is given twice" in _refused_start(env, "--port", str(free_port()))
 
 
 def test_no_keys_serves_loopback_only(tmp_path: Path, session_nats: EmbeddedNats) -> None:
     env = shoal_env(session_nats.url, tmp_path)
-    refused = subprocess.run(
-        [sys.executable, "-m", "shoal", "gateway", "--host", "0.0.0.0", "--port", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert refused.returncode == 2, refused.stderr
-    assert "refusing to serve on 0.0.0.0 without API keys" in refused.stderr
+    refused = _refused_start(env, "--host", "0.0.0.0", "--port", "1")
+    assert "refusing to serve on 0.0.0.0 without API keys" in refused
     gateway, base = start_gateway(session_nats.url, tmp_path)
     try:
         assert "serving on loopback (127.0.0.1) only, unauthenticated" in gateway.log()
