@@ -11,15 +11,18 @@ per-request latency p50/p90. Targets run one after another in one run on one mac
 
 Targets:
   shoal               `shoal serve`'s shape (nats-server, a generation worker, the
-                      gateway), its default engine (OpenVINO GenAI, float32), streamed
-                      over HTTP through the gateway
-  shoal-nodraft       the same without speculative decoding of a lone greedy stream
-                      (`generator.openvino_draft_tokens = 0`)
+                      gateway), its default engine (OpenVINO GenAI, the GGUF's own Q4_1
+                      blocks, float32 arithmetic), streamed over HTTP through the gateway
+  shoal-float32       the same with `weights = "float32"`: every weight widened to
+                      float32 (the default before), a lone greedy stream drafted by int8
+  shoal-nodraft       `shoal-float32` without speculative decoding of a lone greedy
+                      stream (`generator.openvino_draft_tokens = 0`)
   shoal-torch         the same with `engine = "torch"`: Shoal's transformers engine
   shoal-int8          the same with `weights = "int8"`: OpenVINO with int8 weights (not
                       exact; served once the load-time agreement check passes)
   openvino            OpenVINO GenAI's ContinuousBatchingPipeline in process, float32
                       (the IR Shoal exports), stepped in one thread: the engine's limit
+  openvino-native     the same on the IR with the GGUF's own blocks (Shoal's default)
   transformers-static transformers `generate` in process, static batches of c
   transformers-cb     transformers' own continuous batching (`generate_batch`, paged
                       cache), all prompts at once, at most c sequences decoded together
@@ -59,9 +62,7 @@ from perf.stack import local_stack, peer_server  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
-TARGETS = (
-    "shoal,shoal-torch,openvino,transformers-static,transformers-cb,llamacpp-np1,llamacpp-np32"
-)
+TARGETS = "shoal,shoal-float32,openvino,openvino-native,llamacpp-np1,llamacpp-np32"
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -192,18 +193,26 @@ def _model_dir() -> str:
     return materialize_gguf(spec.source, settings.cache_path)
 
 
-def openvino_rounds(concurrency: list[int], chats: list, max_tokens: int, threads: int) -> dict:
+def openvino_rounds(
+    concurrency: list[int], chats: list, max_tokens: int, threads: int, native: bool = False
+) -> dict:
     import numpy as np
     import openvino as ov
     import openvino_genai as og
     from transformers import AutoTokenizer
 
     from shoal.config import load_settings
-    from shoal.workers.generation.openvino import export_command, openvino_ir
+    from shoal.model_registry import ModelRegistry
+    from shoal.workers.generation.openvino_export import export_command, native_ir, openvino_ir
+    from shoal.workers.generation.precision import NATIVE
 
     settings = load_settings(None)
     path = _model_dir()
     ir = openvino_ir(path, settings.cache_path, export_command(settings.generator))
+    extra: dict[str, object] = {}
+    if native:
+        source = ModelRegistry.from_files().resolve(GEN_MODEL).source
+        ir, extra = native_ir(source, ir, settings.cache_path)[0], NATIVE
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = tokenizer.eos_token_id
     scheduler = og.SchedulerConfig()
@@ -215,7 +224,7 @@ def openvino_rounds(concurrency: list[int], chats: list, max_tokens: int, thread
         "INFERENCE_NUM_THREADS": threads,
         "INFERENCE_PRECISION_HINT": "f32",
         "KV_CACHE_PRECISION": "f32",
-    }
+    } | extra
     pipe = og.ContinuousBatchingPipeline(str(ir), scheduler, "CPU", properties)
     ids = [
         tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"]
@@ -313,8 +322,10 @@ def _transformers_rounds(concurrency: list[int], chats: list, max_tokens: int, c
 def _served(target: str, threads: int):
     if target == "shoal":
         return _shoal({})
+    if target == "shoal-float32":
+        return _shoal({"weights": "float32"})
     if target == "shoal-nodraft":
-        return _shoal({}, {"SHOAL_GENERATOR__OPENVINO_DRAFT_TOKENS": "0"})
+        return _shoal({"weights": "float32"}, {"SHOAL_GENERATOR__OPENVINO_DRAFT_TOKENS": "0"})
     if target == "shoal-torch":
         return _shoal({"engine": "torch"})
     if target == "shoal-int8":
@@ -339,8 +350,9 @@ def run(args: argparse.Namespace) -> dict:
                         str(c): asyncio.run(_http_round(url, model, chats, c, args.max_tokens))
                         for c in concurrency
                     }
-            elif target == "openvino":
-                rounds = openvino_rounds(concurrency, chats, args.max_tokens, args.threads)
+            elif target in ("openvino", "openvino-native"):
+                native = target == "openvino-native"
+                rounds = openvino_rounds(concurrency, chats, args.max_tokens, args.threads, native)
             elif target in ("transformers-static", "transformers-cb"):
                 cb = target == "transformers-cb"
                 rounds = _transformers_rounds(concurrency, chats, args.max_tokens, cb)

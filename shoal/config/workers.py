@@ -58,7 +58,7 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     setup` builds it: optimum-intel pins an older transformers than Shoal's)."""
     min_weight_agreement: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.9
     """The least share of probe positions where a model with compressed weights
-    (`weights = "int8"`) must pick the same next token as the full-precision one to be
+    (`weights = "int8"`) must pick the same next token as the float32 one to be
     served compressed (SmolLM2-135M in int8: 0.95 on its own answers)."""
     openvino_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=16)] = 4
     """Speculative decoding of a lone greedy sequence on the OpenVINO runtime: the

@@ -72,13 +72,15 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     runs under autocast where the CPU has native bf16 (AVX512-BF16, AMX), about 2x
     float32 for MiniLM with cosine >= 0.9999 to it; elsewhere, and for `float16`, a CPU
     serves float32 (emulated half precision is slower)."""
-    weights: Literal["full", "int8"] = "full"
-    """Generation on OpenVINO only: `int8` compresses the weights to int8 (per output
-    channel), about 2x the tokens/s of one stream on a CPU, and is not exact: at load it
-    is checked against the full-precision model on probe chats (the share of positions
-    where both pick the same next token must reach `generator.min_weight_agreement`,
-    0.9 by default), else the model serves at full precision and the log says why.
-    `/v1/models` names the precision served and the agreement measured."""
+    weights: Literal["native", "float32", "int8"] = "native"
+    """Generation on OpenVINO only. `native`: the checkpoint's weights as shipped (a GGUF's
+    4-bit blocks; float32 for a checkpoint that has none narrower), checked at load
+    against the float32 model of the same checkpoint (mean KL <= 1e-3 nats, top-1
+    agreement >= 99.5% on probe chats), else float32 and the log says why. `float32`:
+    every weight widened to float32. `int8`: int8 weights per output channel from the
+    float32 model, not exact, served when top-1 agreement reaches
+    `generator.min_weight_agreement`. `/v1/models` names what serves and how close it
+    measured."""
     threads: Size = 0
     """Intra-op threads for this model's forward passes; 0: the worker's setting
     (`worker.threads`, else torch's default)."""
@@ -140,7 +142,7 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"model {self.id!r}: 'sparse' (a masked LM) cannot share a model")
         if "generate" in self.tasks and len(self.tasks) > 1:
             raise ValueError(f"model {self.id!r}: 'generate' cannot share a model with other tasks")
-        if self.profile.weights != "full" and "generate" not in self.tasks:
+        if self.profile.weights != "native" and "generate" not in self.tasks:
             raise ValueError(f"model {self.id!r}: 'weights' applies to generation models only")
         if "embed" in self.tasks and not self.dims:
             raise ValueError(f"model {self.id!r}: 'dims' is required for embed")

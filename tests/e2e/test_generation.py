@@ -62,6 +62,56 @@ def test_chat_greedy_equals_transformers_generate_and_usage_counts(client, refer
     assert r.id.startswith("chatcmpl-") and r.model == GEN_MODEL
 
 
+SEEDED_QUESTIONS = [
+    "Write two sentences about the history of tea.",
+    "How do I sort a dictionary by value in Python?",
+    "Name three planets and one fact about each.",
+    "What causes the seasons on Earth?",
+    "Give me a short recipe for pancakes.",
+    "Explain what a prime number is to a child.",
+]
+
+
+@pytest.mark.parametrize("question", SEEDED_QUESTIONS)
+def test_greedy_answers_of_the_served_weights_equal_float32(client, reference, question) -> None:
+    """The guard let the GGUF's own blocks serve (its mean KL to float32 is ~1e-10), so
+    greedy answers are the float32 model's, token for token."""
+    messages = [{"role": "user", "content": question}]
+    r = client.chat.completions.create(
+        model=GEN_MODEL, messages=messages, max_tokens=32, temperature=0
+    )
+    text, _, generated = reference(messages, max_tokens=32)
+    assert r.choices[0].message.content == text
+    assert r.usage.completion_tokens == generated
+
+
+def test_the_shipped_gguf_serves_its_own_blocks(stack, shared_cache) -> None:
+    """The default serves the file's Q4_1 blocks (and its Q8_0 embedding), not a float32
+    copy: the guard passed (so the greedy answers above equal float32 transformers), and
+    every matmul of the compiled graph reads 4- or 8-bit codes."""
+    from collections import Counter
+
+    import openvino as ov
+
+    from shoal.workers.generation.precision import NATIVE
+    from shoal.workers.generation.weight_guard import EXACT
+
+    models = httpx.get(f"{stack}/v1/models", timeout=10).json()["data"]
+    engine = next(m for m in models if m["id"] == GEN_MODEL)["engine"]
+    assert engine.startswith(
+        "openvino float32, GGUF weights as shipped: Q4_1 x210, Q8_0 x1 (top-1 1.0000, mean KL"
+    ), engine
+    [served] = [p.parent for p in (shared_cache / "openvino").glob("*/native_weights.json")]
+    compiled = ov.Core().compile_model(str(served / "openvino_model.xml"), "CPU", EXACT | NATIVE)
+    weights = Counter(
+        op.input(1).get_element_type().get_type_name()
+        for op in compiled.get_runtime_model().get_ops()
+        if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"
+    )
+    # 30 layers x 7 projections in Q4_1; the output head is the tied Q8_0 embedding.
+    assert weights == {"u4": 210, "i8": 1}, weights
+
+
 def test_responses_validate_against_openai_schemas(stack) -> None:
     body = {"model": GEN_MODEL, "messages": QUESTION, "max_tokens": 6}
     validate(

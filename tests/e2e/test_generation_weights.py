@@ -1,5 +1,7 @@
-"""`weights = "int8"` on the OpenVINO runtime: served compressed only when the load-time
-check finds it agrees with full precision often enough, else full precision, said."""
+"""The guard on the OpenVINO runtime's weight tiers: `weights = "int8"` serves compressed
+only when the load-time check finds it agrees with float32 often enough, and the default
+(the GGUF's own blocks) only when it answers like the float32 model of the same file; else
+float32, said."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -62,8 +65,11 @@ def test_int8_weights_serve_only_above_the_agreement_floor(
     }
 
     engine, _ = _serve(nats_server.url, tmp_path, env)
-    assert engine.startswith("openvino float32, int8 weights (top-1 agreement 0.9"), engine
-    [stored] = list((tmp_path / "cache" / "openvino").glob("*/agreement.json"))
+    assert engine.startswith("openvino float32, int8 weights (top-1 0.9"), engine
+    [stored] = [  # the int8 export's (the linked GGUF-blocks copy has one too)
+        p for p in (cache / "openvino").glob("*/agreement.json")
+        if not (p.parent / "native_weights.json").exists()
+    ]  # fmt: skip
     measured = json.loads(stored.read_text())["agreement"]
     # Not exact (else the check measures nothing), and close: SmolLM2 keeps ~0.95.
     assert 0.9 <= measured["top1"] < 1.0 and 0 < measured["kl"] < 0.05, measured
@@ -75,3 +81,40 @@ def test_int8_weights_serve_only_above_the_agreement_floor(
     # The int8 copy still drafts for a lone greedy stream: the float32 model checks it.
     assert engine == "openvino float32, int8 draft when alone"
     assert "int8 weights not served" in log and "below 1.000" in log
+
+
+def test_native_weights_that_fail_the_guard_fall_back_to_float32(
+    nats_server, tmp_path, shared_cache, stack
+) -> None:
+    """A cached copy of the GGUF's blocks that no longer answers like the file (here its
+    first layer's query codes zeroed, as a damaged cache might) is caught at load."""
+    import openvino as ov
+
+    # The session's conversion and exports, linked: the float32 IR is keyed by the
+    # converted directory's real path, so that directory is a symlink to the shared one.
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    for converted in (shared_cache / "gguf").iterdir():
+        (cache / "gguf" / converted.name).symlink_to(converted)
+    shutil.copytree(shared_cache / "openvino", cache / "openvino", copy_function=os.link)
+    [native] = [p.parent for p in (cache / "openvino").glob("*/native_weights.json")]
+    model = ov.Core().read_model(str(native / "openvino_model.xml"))
+    [query] = [
+        op for op in model.get_ops()
+        if op.get_friendly_name() == "self.model.layers.0.self_attn.q_proj.weight"
+    ]  # fmt: skip
+    zero = ov.opset13.constant(np.zeros(list(query.get_output_shape(0)), dtype=np.float32))
+    for target in list(query.output(0).get_target_inputs()):
+        target.replace_source_output(
+            ov.opset13.convert(zero, query.get_output_element_type(0)).output(0)
+        )
+    # New files, not writes through the links into the shared cache.
+    ov.save_model(model, str(tmp_path / "damaged.xml"), compress_to_fp16=False)
+    for suffix in ("xml", "bin"):
+        os.replace(tmp_path / f"damaged.{suffix}", native / f"openvino_model.{suffix}")
+    (native / "agreement.json").unlink(missing_ok=True)
+
+    engine, log = _serve(nats_server.url, tmp_path, {"SHOAL_CACHE_DIR": str(cache)})
+    assert engine == "openvino float32, int8 draft when alone", engine
+    assert "GGUF weights as shipped: Q4_1 x210, Q8_0 x1 not served (top-1 0." in log, log
+    assert "the guard needs top-1 >= 0.995 and mean KL <= 0.001): serving float32" in log

@@ -22,28 +22,22 @@ frees its KV blocks at the next step). What GenAI cannot do per request in this 
 LoRA adapters and `top_logprobs`, runs on the transformers engine beside it (runtime.py),
 loaded the first time such a request comes.
 
-Precision: `dtype = "float32"` (the default) compiles with f32 inference precision and
-an f32 KV cache: greedy answers equal transformers' float32 token for token (tested).
-OpenVINO's own default on a CPU with native bf16 is bf16, which is faster and not
-exact; `dtype = "bfloat16"` asks for it. `weights = "int8"` serves a second export with
-int8 weights (per output channel; computed in the `dtype` above), about 2x one stream's
-tokens/s on a CPU, once weight_guard.py has measured that it picks the same next token as
-the full model often enough on its probe chats; LoRA and `top_logprobs` requests still go
-to the transformers engine at full precision.
+Precision: the weights are the checkpoint's own by default (a GGUF's 4-bit blocks),
+guarded against the float32 model of the same checkpoint; precision.py says which tiers
+there are and how each is checked. `dtype = "float32"` (the default) computes in float32
+with an f32 KV cache: with float32 weights (`weights = "float32"`) greedy answers equal
+transformers' float32 token for token (tested). `dtype = "bfloat16"` asks for OpenVINO's
+own default on a CPU with native bf16, faster and not exact. LoRA and `top_logprobs`
+requests go to the transformers engine, which serves the float32 weights.
 
-Speculative decoding (`generator.openvino_draft_tokens`, 4 by default): a greedy sequence
-that runs alone is decoded by a second pipeline in the same process, where the model's
-int8 export drafts tokens and the float32 model checks them (openvino_host.py says how,
-and how the sequence moves to the main batch once another arrives). Answers stay the
-float32 model's; one stream runs ~1.4x faster on a 2-core EPYC. The second pipeline
-takes ~1 GB; a 3-10% loss at 8-32 streams with it loaded, seen in every run of one
-session there, was gone hours later on the same VM (perf/results/README.md).
+Speculative decoding (`generator.openvino_draft_tokens`, 4 by default): where the float32
+weights serve, a greedy sequence that runs alone is decoded by a second pipeline in the
+same process, where the model's int8 export drafts tokens and the float32 model checks
+them (openvino_host.py says how, and how the sequence moves to the main batch once
+another arrives); one stream runs ~1.4x faster on a 2-core EPYC. Narrower served weights
+read fewer bytes than that draft, so they are not drafted.
 
-The model's OpenVINO IR is made once from the model's transformers directory by
-`optimum-cli export openvino` (optimum-intel), which pins a transformers older than
-Shoal's, so it runs from its own environment (`generator.openvino_export_command`, by
-default the `.venv-export` that `make setup` builds beside `.venv`), and is cached in
-the data dir.
+The IR is exported once (openvino_export.py) and cached in the cache dir.
 """
 
 from __future__ import annotations
@@ -52,90 +46,32 @@ import hashlib
 import logging
 import multiprocessing
 import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from ...config import GeneratorSettings
-from ...lifecycle import die_with_parent
 from ...model_registry import ModelSpec
-from ...model_registry.cache_dirs import is_complete, partial_dir, publish
 from .engine import SequenceRequest, TokenEvent
+from .openvino_export import export_command, openvino_ir
 from .openvino_host import host
+from .precision import served_weights
 from .runtime import GenerationRuntime, TransformersRuntime
 from .text import TextTracker
-from .weight_guard import agreement, probe_sequences
+from .torch_fallback import TorchFallback
 
-__all__ = ["OpenVINORuntime", "export_command", "openvino_ir"]
+__all__ = ["OpenVINORuntime"]
 
 log = logging.getLogger(__name__)
 
-_EXPORT_TIMEOUT = 3600.0
 _SMALLEST_TOP_P = 1e-30  # a normal float32, far below any top_p that keeps two tokens
 _SMALLEST_TEMPERATURE = 1e-30  # below it sampling is greedy in any float precision
 _KV_BLOCK = 32  # tokens per KV-cache block of GenAI's CPU paged attention
 _RESTARTS = 3  # a pipeline process that dies more often than this ...
 _RESTART_WINDOW_S = 600.0  # ... within this is not restarted again
-
-
-def export_command(settings: GeneratorSettings) -> list[str]:
-    """How to run `optimum-cli`: the settings' command, else one beside this Python,
-    else the `.venv-export` beside this venv (what `make setup` builds).
-
-    Raises:
-        RuntimeError: none is installed.
-    """
-    if settings.openvino_export_command:
-        return list(settings.openvino_export_command)
-    here = Path(sys.executable).parent / "optimum-cli"
-    beside = Path(sys.prefix).parent / ".venv-export" / "bin" / "optimum-cli"
-    for candidate in (here, beside):
-        if candidate.exists():
-            return [str(candidate)]
-    raise RuntimeError(
-        "the OpenVINO runtime needs optimum-cli to export the model once: run `make setup` "
-        "(it builds .venv-export), or set generator.openvino_export_command"
-    )
-
-
-def openvino_ir(
-    source: str, cache_dir: Path, command: Sequence[str], weights: str = "fp32"
-) -> Path:
-    """The OpenVINO IR of the transformers model directory `source`: exported on first
-    use (`weights`: optimum-cli's `--weight-format`, fp32 or int8), then read from the
-    cache. Safe against a crash mid-export (a copy is used only once complete) and
-    against two workers exporting at once."""
-    src = Path(source)
-    stamp = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(src.iterdir())]
-    if weights != "fp32":  # the float32 copy keeps the key it always had
-        stamp.append(weights)
-    key = hashlib.sha256(f"{src.resolve()}|{'|'.join(stamp)}".encode()).hexdigest()[:20]
-    target = cache_dir / "openvino" / key
-    if is_complete(target):
-        return target
-    partial = partial_dir(target)
-    args = [
-        *command, "export", "openvino", "--model", str(src),
-        "--task", "text-generation-with-past", "--weight-format", weights, str(partial),
-    ]  # fmt: skip
-    log.info("exporting %s to OpenVINO IR (once): %s", src.name, " ".join(args))
-    done = subprocess.run(  # a local directory: the export reads no hub
-        args,
-        capture_output=True,
-        text=True,
-        timeout=_EXPORT_TIMEOUT,
-        preexec_fn=die_with_parent,  # the export dies with the worker
-    )
-    if done.returncode != 0 or not (partial / "openvino_model.xml").exists():
-        shutil.rmtree(partial, ignore_errors=True)
-        raise RuntimeError(f"the OpenVINO export failed: {(done.stderr or done.stdout)[-1500:]}")
-    return publish(partial, target)
 
 
 class _Sequence:
@@ -176,13 +112,15 @@ class OpenVINORuntime(GenerationRuntime):
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._max_batch = 0
-        self._weights: str | None = None  # int8 weights served: how close they measured
+        self._weights: str | None = None  # what serves beside float32, how close it measured
         self._assisted = False  # a lone greedy sequence is decoded speculatively
         self._host_args: tuple = ()
         self._backlog: list[tuple] | None = None
         """While the pipeline's process restarts: what to send it once it is up."""
         self._restarts: deque[float] = deque(maxlen=_RESTARTS)
-        self._fallback = _Fallback(lambda: TransformersRuntime(spec, max_running, "cpu", max_loras))
+        self._fallback = TorchFallback(
+            lambda: TransformersRuntime(spec, max_running, "cpu", max_loras)
+        )
 
     # Lifecycle --------------------------------------------------------------------------
 
@@ -198,20 +136,23 @@ class OpenVINORuntime(GenerationRuntime):
         eos = getattr(config, "eos_token_id", None)
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos])
-        ir = openvino_ir(path, self._cache_dir, export_command(self._settings))
-        if self.spec.profile.weights == "int8":
-            ir = self._compressed_if_close(path, ir)
         scheduler = {
             "cache_size": max(1, round(self._settings.openvino_cache_gb)),
             "max_num_seqs": self.max_running,
             "dynamic_split_fuse": True,
             "enable_prefix_caching": True,
         }
-        exact = self.spec.profile.dtype == "float32"
         properties: dict[str, object] = {"INFERENCE_NUM_THREADS": self._threads}
-        if exact:
+        if self.spec.profile.dtype == "float32":
             properties |= {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+        weights = served_weights(
+            self.spec, path, self._cache_dir, self._settings, self.tokenizer, properties
+        )
+        self._weights = weights.label
+        properties |= weights.properties
+        # A draft only pays where the served weights are much wider than its int8.
         assist = self._assist(path) if self._weights is None else None
+        ir = weights.ir
         self._host_args = (str(ir), scheduler, properties, assist)
         self._spawn()
         log.info(
@@ -318,7 +259,7 @@ class OpenVINORuntime(GenerationRuntime):
     def engine_name(self) -> str:
         precision = "float32" if self.spec.profile.dtype == "float32" else "the CPU's fastest"
         if self._weights is not None:
-            return f"openvino {precision}, int8 weights ({self._weights})"
+            return f"openvino {precision}, {self._weights}"
         if self._assisted:
             return f"openvino {precision}, int8 draft when alone"
         return f"openvino {precision}"
@@ -339,30 +280,6 @@ class OpenVINORuntime(GenerationRuntime):
         scheduler = {"num_kv_blocks": blocks, "cache_size": 0, "max_num_seqs": 2,
                      "dynamic_split_fuse": True, "enable_prefix_caching": True}  # fmt: skip
         return {"draft": str(draft), "scheduler": scheduler, "tokens": tokens}
-
-    def _compressed_if_close(self, path: str, full: Path) -> Path:
-        """The int8 IR if it agrees with `full` enough on the probe chats, else `full`
-        (also when the export or the check fails: full precision still serves)."""
-        try:
-            compressed = openvino_ir(path, self._cache_dir, export_command(self._settings), "int8")
-            probe = probe_sequences(self.tokenizer)
-            measured = agreement(full, compressed, probe, self._threads)
-        except Exception as exc:
-            log.warning(
-                "%s: int8 weights not served (%s): serving full precision", self.spec.id, exc
-            )
-            return full
-        floor = self._settings.min_weight_agreement
-        said = f"top-1 agreement {measured.top1:.3f}, mean KL {measured.kl:.4f} nats"
-        if measured.top1 < floor:
-            log.warning(
-                "%s: int8 weights not served (%s on %d probe positions, below %.3f): "
-                "serving full precision",
-                self.spec.id, said, measured.positions, floor,
-            )  # fmt: skip
-            return full
-        self._weights = said
-        return compressed
 
     # Talking to the pipeline's process ------------------------------------------------------
 
@@ -556,64 +473,3 @@ def _request_id(req: SequenceRequest) -> int:
     return int.from_bytes(
         hashlib.blake2b(f"{req.job}:{req.choice}".encode(), digest_size=7).digest()
     )
-
-
-class _Fallback:
-    """The transformers engine for what GenAI cannot do, loaded on its first request (on
-    a thread of its own, so the pipeline keeps stepping meanwhile)."""
-
-    def __init__(self, make: Callable[[], GenerationRuntime]) -> None:
-        self._make = make
-        self.path = ""
-        self.on_events: Callable[[list[TokenEvent]], None] = lambda events: None
-        self._runtime: GenerationRuntime | None = None
-        self._waiting: list[SequenceRequest] = []
-        self._loading = False
-        self._lock = threading.Lock()
-
-    def submit(self, requests: list[SequenceRequest]) -> None:
-        with self._lock:
-            if self._runtime is not None:
-                self._runtime.submit(requests)
-                return
-            self._waiting.extend(requests)
-            if self._loading:
-                return
-            self._loading = True
-        threading.Thread(target=self._load, name="shoal-gen-fallback", daemon=True).start()
-
-    def _load(self) -> None:
-        log.info("loading the transformers engine beside OpenVINO (LoRA or top_logprobs)")
-        try:
-            runtime = self._make()
-            runtime.start(self.path, self.on_events)
-        except Exception as exc:
-            log.exception("the transformers engine failed to load")
-            with self._lock:
-                waiting, self._waiting, self._loading = self._waiting, [], False
-            self.on_events([TokenEvent(r.job, r.choice, error=str(exc)) for r in waiting])
-            return
-        with self._lock:
-            self._runtime, waiting, self._waiting = runtime, self._waiting, []
-        if waiting:
-            runtime.submit(waiting)
-
-    def cancel(self, job: str) -> None:
-        with self._lock:
-            self._waiting = [r for r in self._waiting if r.job != job]
-            runtime = self._runtime
-        if runtime is not None:
-            runtime.cancel(job)
-
-    @property
-    def running(self) -> int:
-        runtime = self._runtime
-        return len(self._waiting) + (runtime.running if runtime is not None else 0)
-
-    @property
-    def max_batch(self) -> int:
-        return self._runtime.max_batch if self._runtime is not None else 0
-
-    def stop(self) -> None:
-        if self._runtime is not None:
-            self._runtime.stop()

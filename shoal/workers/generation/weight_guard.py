@@ -1,7 +1,7 @@
-"""Whether a generation model with compressed weights still answers like the full one.
+"""Whether a generation model's served weights still answer like its float32 reference.
 
-A model served with int8 weights (`weights = "int8"`) is not exact, so before it serves
-it is compared with the full-precision model on `PROBE_CHATS`: each question through the
+Every tier but float32 (precision.py) is compared, before it serves, with the float32
+model of the same checkpoint on `PROBE_CHATS`: each question through the
 chat template, followed by a plain answer, both models read the whole sequence at once
 (teacher forcing), and at every answer position we ask whether they pick the same next
 token (top-1 agreement) and how far apart their next-token distributions are (mean KL
@@ -26,7 +26,14 @@ import numpy as np
 from ...queue.messages import ChatTurn
 from .runtime import chat_prompt_ids
 
-__all__ = ["PROBE_CHATS", "Agreement", "agreement", "probe_sequences"]
+__all__ = ["EXACT", "PROBE_CHATS", "Agreement", "agreement", "probe_sequences"]
+
+EXACT = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "KV_CACHE_PRECISION": "f32",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+}
+"""OpenVINO compile properties of the float32 reference: float32 arithmetic throughout."""
 
 PROBE_CHATS = (
     ("What is the capital of France?", "The capital of France is Paris."),
@@ -91,11 +98,16 @@ def probe_sequences(tokenizer) -> list[tuple[list[int], int]]:
 
 
 def agreement(
-    full: Path, compressed: Path, sequences: Sequence[tuple[list[int], int]], threads: int
+    full: Path,
+    compressed: Path,
+    sequences: Sequence[tuple[list[int], int]],
+    properties: dict[str, object],
 ) -> Agreement:
-    """Compare the two OpenVINO IRs (optimum's stateful causal-LM export) on `sequences`;
-    the result is cached in `compressed`, keyed by the sequences."""
-    key = hashlib.sha256(json.dumps(list(sequences)).encode()).hexdigest()[:16]
+    """Compare two OpenVINO IRs (optimum's stateful causal-LM export, or one rebuilt from
+    it) on `sequences`: `full` compiled with `EXACT`, `compressed` with the `properties`
+    it serves with; the result is cached in `compressed`, keyed by both."""
+    served = json.dumps(sorted((k, str(v)) for k, v in properties.items()))
+    key = hashlib.sha256(f"{json.dumps(list(sequences))}|{served}".encode()).hexdigest()[:16]
     stored = compressed / "agreement.json"
     try:
         cached = json.loads(stored.read_text())
@@ -103,8 +115,9 @@ def agreement(
             return msgspec.convert(cached["agreement"], Agreement)
     except (OSError, ValueError, KeyError, msgspec.ValidationError):
         pass
-    a = _answer_logits(full, sequences, threads)
-    b = _answer_logits(compressed, sequences, threads)
+    threads = {k: v for k, v in properties.items() if k == "INFERENCE_NUM_THREADS"}
+    a = _answer_logits(full, sequences, EXACT | threads)
+    b = _answer_logits(compressed, sequences, properties)
     same = np.concatenate([x.argmax(-1) == y.argmax(-1) for x, y in zip(a, b, strict=True)])
     kl = np.concatenate([_kl(x, y) for x, y in zip(a, b, strict=True)])
     result = Agreement(top1=float(same.mean()), kl=float(kl.mean()), positions=int(same.size))
@@ -114,16 +127,11 @@ def agreement(
     return result
 
 
-def _answer_logits(ir: Path, sequences, threads: int) -> list[np.ndarray]:
-    """Next-token logits at every answer position, float32 compute (the comparison is of
-    the weights, not of the arithmetic)."""
+def _answer_logits(ir: Path, sequences, properties: dict[str, object]) -> list[np.ndarray]:
+    """Next-token logits at every answer position."""
     import openvino as ov
 
-    compiled = ov.Core().compile_model(
-        str(ir / "openvino_model.xml"),
-        "CPU",
-        {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads},
-    )
+    compiled = ov.Core().compile_model(str(ir / "openvino_model.xml"), "CPU", properties)
     accepted = {name for port in compiled.inputs for name in port.get_names()}
     out = []
     for ids, start in sequences:

@@ -1,0 +1,121 @@
+"""The generation model's OpenVINO IR: exported once from the transformers directory, and
+rebuilt with the checkpoint's own weights where they are narrower than float32.
+
+`optimum-cli export openvino` (optimum-intel) pins a transformers older than Shoal's, so it
+runs from its own environment (`generator.openvino_export_command`, by default the
+`.venv-export` that `make setup` builds beside `.venv`). Its float32 IR is the reference
+every tier is measured against (precision.py); `native_ir` puts a GGUF's quantized blocks
+back into it (gguf_weights.py). Everything is cached in the cache dir, written whole or
+not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from ...config import GeneratorSettings
+from ...lifecycle import die_with_parent
+from ...model_registry.cache_dirs import is_complete, partial_dir, publish
+from ...model_registry.sources import gguf_file
+from .gguf_weights import NativeWeights, native_weights
+
+__all__ = ["export_command", "native_ir", "openvino_ir"]
+
+log = logging.getLogger(__name__)
+
+_EXPORT_TIMEOUT = 3600.0
+_NATIVE_VERSION = "1"  # bump when gguf_weights.py builds a different graph
+_MODEL_FILES = ("openvino_model.xml", "openvino_model.bin")
+
+
+def export_command(settings: GeneratorSettings) -> list[str]:
+    """How to run `optimum-cli`: the settings' command, else one beside this Python,
+    else the `.venv-export` beside this venv (what `make setup` builds).
+
+    Raises:
+        RuntimeError: none is installed.
+    """
+    if settings.openvino_export_command:
+        return list(settings.openvino_export_command)
+    here = Path(sys.executable).parent / "optimum-cli"
+    beside = Path(sys.prefix).parent / ".venv-export" / "bin" / "optimum-cli"
+    for candidate in (here, beside):
+        if candidate.exists():
+            return [str(candidate)]
+    raise RuntimeError(
+        "the OpenVINO runtime needs optimum-cli to export the model once: run `make setup` "
+        "(it builds .venv-export), or set generator.openvino_export_command"
+    )
+
+
+def openvino_ir(
+    source: str, cache_dir: Path, command: Sequence[str], weights: str = "fp32"
+) -> Path:
+    """The OpenVINO IR of the transformers model directory `source`: exported on first
+    use (`weights`: optimum-cli's `--weight-format`, fp32 or int8), then read from the
+    cache. Safe against a crash mid-export (a copy is used only once complete) and
+    against two workers exporting at once."""
+    src = Path(source)
+    stamp = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(src.iterdir())]
+    if weights != "fp32":  # the float32 copy keeps the key it always had
+        stamp.append(weights)
+    key = hashlib.sha256(f"{src.resolve()}|{'|'.join(stamp)}".encode()).hexdigest()[:20]
+    target = cache_dir / "openvino" / key
+    if is_complete(target):
+        return target
+    partial = partial_dir(target)
+    args = [
+        *command, "export", "openvino", "--model", str(src),
+        "--task", "text-generation-with-past", "--weight-format", weights, str(partial),
+    ]  # fmt: skip
+    log.info("exporting %s to OpenVINO IR (once): %s", src.name, " ".join(args))
+    done = subprocess.run(  # a local directory: the export reads no hub
+        args,
+        capture_output=True,
+        text=True,
+        timeout=_EXPORT_TIMEOUT,
+        preexec_fn=die_with_parent,  # the export dies with the worker
+    )
+    if done.returncode != 0 or not (partial / "openvino_model.xml").exists():
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RuntimeError(f"the OpenVINO export failed: {(done.stderr or done.stdout)[-1500:]}")
+    return publish(partial, target)
+
+
+def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWeights] | None:
+    """The float32 IR `full` with the weights the `gguf:` checkpoint `source` stores
+    quantized put back as its own blocks (built on first use, then read from the cache),
+    and what was replaced; None for a checkpoint that is not a GGUF or holds no
+    quantized weight this can express."""
+    if not source.startswith("gguf:"):
+        return None
+    import openvino as ov
+
+    file = gguf_file(source)
+    stat = file.stat()
+    stamp = f"{full.name}|{file}:{stat.st_size}:{stat.st_mtime_ns}|{_NATIVE_VERSION}"
+    target = cache_dir / "openvino" / hashlib.sha256(stamp.encode()).hexdigest()[:20]
+    replaced = target / "native_weights.json"
+    if is_complete(target):
+        return target, msgspec.json.decode(replaced.read_bytes(), type=NativeWeights)
+    model = ov.Core().read_model(str(full / "openvino_model.xml"))
+    done = native_weights(model, file)
+    if not done.replaced:
+        return None
+    log.info("%s: the GGUF's own blocks as weights (%s), once", file.name, done)
+    partial = partial_dir(target)
+    partial.mkdir()
+    for item in full.iterdir():  # the tokenizer, config and chat template, as exported
+        if item.is_file() and item.name not in _MODEL_FILES and item.name != "agreement.json":
+            shutil.copy2(item, partial / item.name)
+    ov.save_model(model, str(partial / "openvino_model.xml"), compress_to_fp16=False)
+    (partial / replaced.name).write_bytes(msgspec.json.encode(done))
+    return publish(partial, target), done

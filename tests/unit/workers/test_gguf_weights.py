@@ -1,0 +1,131 @@
+"""A GGUF's quantized blocks put into an OpenVINO graph as the weights it serves.
+
+A small llama-layout GGUF is written with gguf-py (the library transformers reads GGUF
+with), holding each block type the module knows, rows in the file's rotary layout where
+llama permutes them, and one weight whose exported copy does not match the file. The
+graph stands for optimum's export: named float32 constants into MatMul and Gather."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+ov = pytest.importorskip("openvino")
+
+from openvino import opset13 as ops  # noqa: E402
+
+from shoal.workers.generation.gguf_weights import native_weights  # noqa: E402
+from shoal.workers.generation.weight_guard import EXACT  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+HIDDEN, HEADS, KV_HEADS, VOCAB = 64, 2, 1, 16
+ROTARY = {"attn_q": HEADS, "attn_k": KV_HEADS}
+# GGUF name -> (block type, rows, HF name)
+WEIGHTS = {
+    "blk.0.attn_q": (Q.Q4_1, 64, "model.layers.0.self_attn.q_proj"),
+    "blk.0.attn_k": (Q.Q4_0, 32, "model.layers.0.self_attn.k_proj"),
+    "blk.0.ffn_down": (Q.Q8_0, 64, "model.layers.0.mlp.down_proj"),
+    "blk.0.ffn_up": (Q.Q4_1, 96, "model.layers.0.mlp.up_proj"),
+    "token_embd": (Q.Q8_0, VOCAB, "model.embed_tokens"),
+}
+MISMATCHED = "model.layers.0.mlp.up_proj"
+
+
+def _to_file_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert: Q and K rows reordered for its rotary layout."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    """The GGUF, and each weight as the exporter sees it: dequantized, HF row order."""
+    rng = np.random.default_rng(7)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    exported = {}
+    for name, (kind, rows, hf_name) in WEIGHTS.items():
+        w = rng.standard_normal((rows, HIDDEN)).astype(np.float32) * 0.1
+        heads = ROTARY.get(name.split(".")[-1])
+        in_file = _to_file_rows(w, heads) if heads else w
+        blocks = gguf.quants.quantize(in_file, kind)
+        writer.add_tensor(f"{name}.weight", blocks, raw_dtype=kind)
+        exported[hf_name] = gguf.quants.dequantize(blocks, kind).astype(np.float32)
+        if heads:  # transformers puts the rows back when it reads the file
+            exported[hf_name] = (
+                exported[hf_name]
+                .reshape(heads, rows // heads // 2, 2, HIDDEN)
+                .swapaxes(2, 1)
+                .reshape(rows, HIDDEN)
+            )
+    exported[MISMATCHED] = exported[MISMATCHED] + 0.01  # not the file's weights
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, exported
+
+
+def _graph(exported: dict[str, np.ndarray]):
+    """optimum's shape: `self.<name>.weight` constants into MatMul (and the embedding's
+    Gather); every weight's output concatenated."""
+    x = ops.parameter([-1, HIDDEN], ov.Type.f32, name="x")
+    ids = ops.parameter([-1], ov.Type.i64, name="ids")
+    outputs = []
+    for name, w in exported.items():
+        const = ops.constant(w)
+        const.set_friendly_name(f"self.{name}.weight")
+        if name == "model.embed_tokens":
+            outputs.append(ops.gather(const, ids, 0))
+        else:
+            outputs.append(ops.matmul(x, const, False, True))
+    return ov.Model([o.output(0) for o in outputs], [x, ids], "tiny")
+
+
+def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
+    path, exported = checkpoint
+    model = _graph(exported)
+    done = native_weights(model, path)
+
+    assert done.replaced == {"Q4_1": 1, "Q4_0": 1, "Q8_0": 2}
+    assert list(done.kept) == [MISMATCHED]
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, HIDDEN)).astype(np.float32)
+    ids = np.array([0, 3, 15, 7], dtype=np.int64)
+    compiled = ov.Core().compile_model(model, "CPU", EXACT)
+    served = compiled({"x": x, "ids": ids})
+    for k, (name, w) in enumerate(exported.items()):
+        want = w[ids] if name == "model.embed_tokens" else x @ w.T
+        got = served[compiled.outputs[k]]
+        # The file's value within float32 rounding (Q4_1's minimum is a float zero point).
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=name)
+
+    # The compiled kernels read the codes, not a float32 copy.
+    weights = Counter()
+    for op in compiled.get_runtime_model().get_ops():
+        kind = op.get_rt_info()["layerType"].astype(str)
+        if kind in ("FullyConnected", "Gather"):
+            weights[
+                kind,
+                op.input(1 if kind == "FullyConnected" else 0).get_element_type().get_type_name(),
+            ] += 1
+    assert weights["FullyConnected", "u4"] == 2  # Q4_1 and Q4_0
+    assert weights["FullyConnected", "i8"] == 1  # Q8_0
+    assert weights["FullyConnected", "f32"] == 1  # the mismatched one, kept
+    assert weights["Gather", "i8"] == 1  # the embedding
+
+
+def test_a_graph_without_matching_names_is_left_alone(checkpoint) -> None:
+    path, exported = checkpoint
+    renamed = {f"other.{name}": w for name, w in exported.items() if name != "model.embed_tokens"}
+    done = native_weights(_graph(renamed), path)
+    assert done.replaced == {} and done.kept == {}
