@@ -4,6 +4,7 @@ engine, live latency under it), `python -m perf profile ...` (where the time goe
 `python -m perf latency ...` (a low-load request's time against the forward pass),
 `python -m perf packed-rows` (packed rows against padded batches, in process),
 `python -m perf engine-ops` (the engine's time by operator, and its arithmetic rate),
+`python -m perf weight-quality` (each generation weight tier against float32),
 `python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/) and
 `python -m perf texts` (the text sets)."""
 
@@ -46,6 +47,10 @@ def main() -> None:
         from perf.engine_ops import main as engine_ops
 
         engine_ops(sys.argv[2:])
+    elif command == "weight-quality":
+        from perf.weight_quality import main as weight_quality
+
+        weight_quality(sys.argv[2:])
     elif command == "profile":
         from perf.profiling import main as profile
 
@@ -53,7 +58,7 @@ def main() -> None:
     else:
         sys.exit(
             "usage: python -m perf knee|bakeoff|chat-batch|profile|latency|packed-rows"
-            "|engine-ops|scale --help"
+            "|engine-ops|weight-quality|scale --help"
             " | python -m perf texts"
         )
 

@@ -3,14 +3,15 @@ in-process throughput, and live chat latency under it against idle.
 
     .venv/bin/python -m perf chat-batch [--lines 500] [--max-tokens 64] [--live 12]
 
-One run, one machine: (a) the engine in process (OpenVINO GenAI's pipeline, float32,
-as Shoal's default CPU runtime runs it) generates the same prompts closed loop at the
-model's slot count: its tokens/s is the limit; (b) Shoal (nats-server, one generation
-worker, the gateway) answers `--live` streamed chat requests one after another with
-nothing else running (TTFT idle), then (c) runs a batch of `--lines` chat lines through
-the official openai SDK, timed from create to completed (validation and finalizing
-included; tokens from the output file's usage), while (d) the same live requests go on
-one after another (TTFT under the batch). Results: perf/results/chat-batch-<time>.
+One run, one machine: (a) the engine in process (OpenVINO GenAI's pipeline on the
+weights `--weights` names: `native`, the GGUF's own blocks, Shoal's default, or
+`float32`) generates the same prompts closed loop at the model's slot count: its
+tokens/s is the limit; (b) Shoal (nats-server, one generation worker, the gateway)
+answers `--live` streamed chat requests one after another with nothing else running
+(TTFT idle), then (c) runs a batch of `--lines` chat lines through the official openai
+SDK, timed from create to completed (validation and finalizing included; tokens from
+the output file's usage), while (d) the same live requests go on one after another
+(TTFT under the batch). Results: perf/results/chat-batch-<time>.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--live", type=int, default=12)
     parser.add_argument("--slots", type=int, default=32, help="the model profile's slots")
+    parser.add_argument(
+        "--weights", default="native", choices=["native", "float32"], help="the profile's tier"
+    )
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -77,10 +81,12 @@ def main(argv: list[str]) -> None:
 
     chats = prompts(args.lines)
     threads = os.cpu_count() or 1
-    inprocess = openvino_rounds([args.slots], chats, args.max_tokens, threads)[str(args.slots)]
+    native = args.weights == "native"
+    rounds = openvino_rounds([args.slots], chats, args.max_tokens, threads, native)
+    inprocess = rounds[str(args.slots)]
     print(f"in process: {inprocess['tokens_per_s']} tokens/s", flush=True)
     live_chats = [[{"role": "user", "content": f"Name {n} colours."}] for n in range(2, 9)]
-    with local_stack(model=GEN_MODEL, kind="generate") as stack:
+    with local_stack({"weights": args.weights}, model=GEN_MODEL, kind="generate") as stack:
         idle = _live(stack.base, live_chats, args.live, 16, None)
         print(f"idle TTFT p50 {1000 * statistics.median(idle):.0f} ms", flush=True)
         lines = [

@@ -26,7 +26,7 @@ import numpy as np
 from ...queue.messages import ChatTurn
 from .runtime import chat_prompt_ids
 
-__all__ = ["EXACT", "PROBE_CHATS", "Agreement", "agreement", "probe_sequences"]
+__all__ = ["EXACT", "PROBE_CHATS", "Agreement", "agreement", "position_scores", "probe_sequences"]
 
 EXACT = {
     "INFERENCE_PRECISION_HINT": "f32",
@@ -118,8 +118,9 @@ def agreement(
     threads = {k: v for k, v in properties.items() if k == "INFERENCE_NUM_THREADS"}
     a = _answer_logits(full, sequences, EXACT | threads)
     b = _answer_logits(compressed, sequences, properties)
-    same = np.concatenate([x.argmax(-1) == y.argmax(-1) for x, y in zip(a, b, strict=True)])
-    kl = np.concatenate([_kl(x, y) for x, y in zip(a, b, strict=True)])
+    scores = [position_scores(x, y) for x, y in zip(a, b, strict=True)]
+    same = np.concatenate([agree for agree, _ in scores])
+    kl = np.concatenate([divergence for _, divergence in scores])
     result = Agreement(top1=float(same.mean()), kl=float(kl.mean()), positions=int(same.size))
     partial = stored.with_name(f"{stored.name}.{os.getpid()}")
     partial.write_text(json.dumps({"key": key, "agreement": msgspec.to_builtins(result)}))
@@ -150,6 +151,12 @@ def _answer_logits(ir: Path, sequences, properties: dict[str, object]) -> list[n
         logits = request.get_tensor("logits").data[0]
         out.append(np.array(logits[start - 1 : len(ids) - 1], dtype=np.float64))
     return out
+
+
+def position_scores(reference: np.ndarray, served: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position (rows of next-token logits): whether both pick the same token, and the
+    KL divergence of `served`'s distribution from `reference`'s (nats)."""
+    return reference.argmax(-1) == served.argmax(-1), _kl(reference, served)
 
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
