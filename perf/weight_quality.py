@@ -76,21 +76,6 @@ def _compiled(ir: Path, properties: dict):
     return ov.Core().compile_model(str(ir / "openvino_model.xml"), "CPU", properties)
 
 
-def _logits(compiled, ids: list[int]) -> np.ndarray:
-    request = compiled.create_infer_request()
-    request.reset_state()
-    tokens = np.asarray([ids], dtype=np.int64)
-    accepted = {name for port in compiled.inputs for name in port.get_names()}
-    feed = {
-        "input_ids": tokens,
-        "attention_mask": np.ones_like(tokens),
-        "position_ids": np.arange(tokens.shape[1], dtype=np.int64)[None],
-        "beam_idx": np.zeros(1, dtype=np.int32),
-    }
-    request.infer({name: value for name, value in feed.items() if name in accepted})
-    return np.array(request.get_tensor("logits").data[0][:-1], dtype=np.float64)
-
-
 def run(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
@@ -99,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
     from shoal.workers.generation.gguf import materialize_gguf
     from shoal.workers.generation.openvino_export import export_command, native_ir, openvino_ir
     from shoal.workers.generation.precision import NATIVE
-    from shoal.workers.generation.weight_guard import EXACT, position_scores
+    from shoal.workers.generation.weight_guard import EXACT, position_scores, teacher_forced
 
     settings = load_settings(None)
     spec = ModelRegistry.from_files().resolve(GEN_MODEL)
@@ -132,9 +117,9 @@ def run(args: argparse.Namespace) -> dict:
     kl: dict[str, list[np.ndarray]] = {t: [] for t in tiers}
     started = time.perf_counter()
     for k, ids in enumerate(sequences):
-        want = _logits(reference, ids)
+        want = teacher_forced(reference, ids)
         for tier in tiers:
-            agree, divergence = position_scores(want, _logits(compiled[tier], ids))
+            agree, divergence = position_scores(want, teacher_forced(compiled[tier], ids))
             same[tier].append(agree)
             kl[tier].append(divergence)
         if k % 10 == 9:

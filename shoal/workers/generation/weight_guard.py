@@ -26,7 +26,15 @@ import numpy as np
 from ...queue.messages import ChatTurn
 from .runtime import chat_prompt_ids
 
-__all__ = ["EXACT", "PROBE_CHATS", "Agreement", "agreement", "position_scores", "probe_sequences"]
+__all__ = [
+    "EXACT",
+    "PROBE_CHATS",
+    "Agreement",
+    "agreement",
+    "position_scores",
+    "probe_sequences",
+    "teacher_forced",
+]
 
 EXACT = {
     "INFERENCE_PRECISION_HINT": "f32",
@@ -133,24 +141,26 @@ def _answer_logits(ir: Path, sequences, properties: dict[str, object]) -> list[n
     import openvino as ov
 
     compiled = ov.Core().compile_model(str(ir / "openvino_model.xml"), "CPU", properties)
+    # Position i predicts token i + 1: the answer's tokens are predicted from start - 1.
+    return [teacher_forced(compiled, ids)[start - 1 :] for ids, start in sequences]
+
+
+def teacher_forced(compiled, ids: list[int]) -> np.ndarray:
+    """The next-token logits (float64) a compiled stateful causal-LM graph gives at every
+    position of `ids` but the last, read in one fresh pass."""
+    request = compiled.create_infer_request()
+    request.reset_state()
+    tokens = np.asarray([ids], dtype=np.int64)
+    feed = {
+        "input_ids": tokens,
+        "attention_mask": np.ones_like(tokens),
+        "position_ids": np.arange(tokens.shape[1], dtype=np.int64)[None],
+        "beam_idx": np.zeros(1, dtype=np.int32),
+    }
+    # optimum exports position_ids (and beam_idx) only for some architectures.
     accepted = {name for port in compiled.inputs for name in port.get_names()}
-    out = []
-    for ids, start in sequences:
-        request = compiled.create_infer_request()
-        request.reset_state()
-        tokens = np.asarray([ids], dtype=np.int64)
-        feed = {
-            "input_ids": tokens,
-            "attention_mask": np.ones_like(tokens),
-            "position_ids": np.arange(tokens.shape[1], dtype=np.int64)[None],
-            "beam_idx": np.zeros(1, dtype=np.int32),
-        }
-        # optimum exports position_ids (and beam_idx) only for some architectures.
-        request.infer({name: value for name, value in feed.items() if name in accepted})
-        # Position i predicts token i + 1: the answer's tokens are predicted from start - 1.
-        logits = request.get_tensor("logits").data[0]
-        out.append(np.array(logits[start - 1 : len(ids) - 1], dtype=np.float64))
-    return out
+    request.infer({name: value for name, value in feed.items() if name in accepted})
+    return np.array(request.get_tensor("logits").data[0][:-1], dtype=np.float64)
 
 
 def position_scores(reference: np.ndarray, served: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
