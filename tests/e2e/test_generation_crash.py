@@ -78,7 +78,10 @@ def _pipeline_process(worker_pid: int):
     import psutil
 
     for child in psutil.Process(worker_pid).children():
-        line = " ".join(child.cmdline())
+        try:
+            line = " ".join(child.cmdline())
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):  # a killed one, not yet reaped
+            continue
         if "multiprocessing.spawn" in line and "resource_tracker" not in line:
             return child
     raise AssertionError("the worker has no pipeline process")
