@@ -31,6 +31,7 @@ WEIGHTS = {
     "blk.0.ffn_down": (Q.Q8_0, 64, "model.layers.0.mlp.down_proj"),
     "blk.0.ffn_up": (Q.Q4_1, 96, "model.layers.0.mlp.up_proj"),
     "token_embd": (Q.Q8_0, VOCAB, "model.embed_tokens"),
+    "blk.0.ffn_gate": (Q.Q5_1, 96, "model.layers.0.mlp.gate_proj"),  # not expressed here
 }
 MISMATCHED = "model.layers.0.mlp.up_proj"
 
@@ -96,7 +97,10 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
     done = native_weights(model, path)
 
     assert done.replaced == {"Q4_1": 1, "Q4_0": 1, "Q8_0": 2}
-    assert list(done.kept) == [MISMATCHED]
+    assert done.kept == {
+        MISMATCHED: "Q4_1 blocks do not match the exported weights",
+        "model.layers.0.mlp.gate_proj": "Q5_1 blocks are not served as blocks yet",
+    }
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((5, HIDDEN)).astype(np.float32)
@@ -120,7 +124,7 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
             ] += 1
     assert weights["FullyConnected", "u4"] == 2  # Q4_1 and Q4_0
     assert weights["FullyConnected", "i8"] == 1  # Q8_0
-    assert weights["FullyConnected", "f32"] == 1  # the mismatched one, kept
+    assert weights["FullyConnected", "f32"] == 2  # the mismatched and the Q5_1 one, kept
     assert weights["Gather", "i8"] == 1  # the embedding
 
 
