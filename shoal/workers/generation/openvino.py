@@ -152,8 +152,7 @@ class OpenVINORuntime(GenerationRuntime):
         properties |= weights.properties
         # A draft only pays where the served weights are much wider than its int8.
         assist = self._assist(path) if self._weights is None else None
-        ir = weights.ir
-        self._host_args = (str(ir), scheduler, properties, assist)
+        self._host_args = (str(weights.ir), scheduler, properties, assist)
         self._spawn()
         log.info(
             "OpenVINO runtime for %s: %d threads, %s, up to %d sequences, in process %d",
