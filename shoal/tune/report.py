@@ -78,6 +78,7 @@ def write_report(result: TuneResult, out_dir: Path, workload: str) -> tuple[Path
         "unit": result.unit,
         "machine": machine(),
         "elapsed_s": result.elapsed_s,
+        "search_budget_s": result.search_budget_s,
         "profile": msgspec.to_builtins(result.profile),
         "score": result.score(result.winner),
         "default_score": result.score(result.default),

@@ -75,6 +75,8 @@ class TuneResult:
     elapsed_s: float
     unit: str
     """What the score counts per second: texts (embeddings) or tokens (generation)."""
+    search_budget_s: float = 0.0
+    """What the search had of the budget, after start-up and less the confirm share."""
 
     def score(self, candidate: dict[str, Any]) -> float:
         """The mean score of `candidate`'s runs."""
@@ -385,12 +387,12 @@ async def tune(
                 )
                 return knee.knee_tps, knee
 
-            remaining = budget_s - (time.monotonic() - started)
+            search_budget_s = (budget_s - (time.monotonic() - started)) * (1 - CONFIRM_SHARE)
             trials = await search(
                 knobs,
                 default,
                 measure,
-                budget_s=remaining * (1 - CONFIRM_SHARE),
+                budget_s=search_budget_s,
                 on_trial=on_trial,
             )
             trials += await confirm(trials, measure, deadline=started + budget_s, on_trial=on_trial)
@@ -406,6 +408,7 @@ async def tune(
         quality=quality,
         elapsed_s=time.monotonic() - started,
         unit="tokens" if generate else "texts",
+        search_budget_s=search_budget_s,
     )
 
 

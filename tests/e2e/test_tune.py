@@ -39,6 +39,17 @@ def _assert_in_budget(elapsed: float, budget: float, trials: list[dict]) -> None
     assert elapsed < budget + margin, (elapsed, budget, [t["seconds"] for t in trials])
 
 
+def _assert_budget_spent(searched: list[dict], search_budget_s: float) -> None:
+    """The search tuned something and stopped only when another trial would not fit: what
+    it measured plus its longest trial passes its budget (less 2 s for the moments between
+    trials). Not a fixed count of trials, which a loaded machine, where every trial takes
+    longer, cannot reach."""
+    assert len(searched) >= 2, [t["candidate"] for t in searched]
+    spent = sum(t["seconds"] for t in searched)
+    longest = max(t["seconds"] for t in searched if t["score"] > 0)
+    assert spent + longest > search_budget_s - 2.0, (spent, longest, search_budget_s)
+
+
 def _key(trial: dict) -> str:
     return json.dumps(trial["candidate"], sort_keys=True)
 
@@ -100,7 +111,7 @@ def test_a_two_minute_tune_finds_writes_and_publishes_the_best_profile(
     trials = report["trials"]
     _assert_in_budget(elapsed, BUDGET_S, trials)
     searched = [t for t in trials if t["phase"] != "confirm"]
-    assert len(searched) >= 4, [t["candidate"] for t in trials]
+    _assert_budget_spent(searched, report["search_budget_s"])
     assert len({_key(t) for t in searched}) == len(searched)  # none measured twice
     assert trials[0]["phase"] == "default"
     winner = _best_by_mean(trials)
