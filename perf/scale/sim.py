@@ -52,7 +52,7 @@ __all__ = [
 
 POLICIES = ("pull", "round-robin", "least-outstanding", "power-of-two", "hash")
 POOL_BATCHES = 4
-"""Live inputs a worker queues per model before it stops pulling it (encoder_worker.py)."""
+"""Live inputs a worker queues per model before it stops pulling it (encoder/schedule.py)."""
 REQUEST_TIMEOUT = 30.0
 
 

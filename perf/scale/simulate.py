@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from perf.scale.sim import Curve, QueueCosts, Scenario, find_knee  # noqa: E402
-from shoal.workers.encoder_worker import _PULL_HORIZON  # noqa: E402
+from shoal.workers.encoder.schedule import PULL_HORIZON  # noqa: E402
 
 GPU_TOKENS_PER_S = 131785.3
 """MiniLM through gateway + NATS + one CUDA worker on an H200 (knee, 2026-12-04)."""
@@ -40,7 +40,7 @@ ROUTER_S = 0.00005
 """Assumed: a push router's cost per request (a compiled router; the Python one in
 perf/scale/router.py costs more). One router serves the whole cluster."""
 PUSH = ("round-robin", "least-outstanding", "power-of-two", "hash")
-VARIANTS = {"pull": _PULL_HORIZON, "pull-anytime": None}
+VARIANTS = {"pull": PULL_HORIZON, "pull-anytime": None}
 
 
 def curves(calibration: dict) -> dict[str, Curve]:

@@ -43,7 +43,7 @@ from perf.texts import load  # noqa: E402
 from shoal.queue.embedded import EmbeddedNats, free_port  # noqa: E402
 from shoal.tune.knee import Load, describe, find_knee, kept_up  # noqa: E402
 from shoal.tune.machine import machine  # noqa: E402
-from shoal.workers.encoder_worker import _PULL_HORIZON  # noqa: E402
+from shoal.workers.encoder.schedule import PULL_HORIZON  # noqa: E402
 from tests.helpers import start_gateway, start_worker, wait_until  # noqa: E402
 
 FRACTIONS = (0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
@@ -218,7 +218,7 @@ def main(argv: list[str]) -> None:
                 router_s=max(hop, 0.0) / 2,
                 overhead_s=max(overhead, 0.0) + max(hop, 0.0) / 2,
                 arrivals="even",
-                pull_horizon_s=None if args.pull_anytime else _PULL_HORIZON,
+                pull_horizon_s=None if args.pull_anytime else PULL_HORIZON,
             )
             simulated = [
                 run_step(scenario, policy, s.offered_rps, args.step_seconds) for s in steps

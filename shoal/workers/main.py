@@ -12,7 +12,7 @@ from ..config import Settings
 from ..lifecycle import StopSignals, exit_leaving_threads, run_until_stopped
 from ..model_registry import LiveRegistry, ModelRegistry
 from ..queue import Bus
-from .encoder_worker import EncoderWorker
+from .encoder.worker import EncoderWorker
 
 __all__ = ["run_loop", "run_worker", "serve_worker"]
 

@@ -19,7 +19,7 @@ from shoal.model_registry import (
 )
 from shoal.queue import Bus
 from shoal.workers.adapters.dummy import DummyAdapter
-from shoal.workers.encoder_worker import EncoderWorker
+from shoal.workers.encoder.worker import EncoderWorker
 from tests.integration.test_queue_semantics import SPEC, Harness, _until, settings_for
 from tests.unit.model_registry.test_live_registry import MemoryStore, spec
 
@@ -121,7 +121,7 @@ async def _start_worker(h: Harness, adapter: DummyAdapter) -> EncoderWorker:
 async def test_a_running_worker_batches_by_a_profile_set_elsewhere(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="shoal.workers.encoder_worker")
+    caplog.set_level(logging.INFO, logger="shoal.workers.encoder.worker")
     adapter = ThreadsAdapter(SPEC)
     await _start_worker(harness, adapter)
     tuner = await _live_registry(harness.bus)
@@ -155,7 +155,7 @@ async def test_a_running_worker_batches_by_a_profile_set_elsewhere(
 async def test_a_dtype_or_engine_change_waits_for_the_next_load(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="shoal.workers.encoder_worker")
+    caplog.set_level(logging.INFO, logger="shoal.workers.encoder.worker")
     await _start_worker(harness, DummyAdapter(SPEC))
     tuner = await _live_registry(harness.bus)
     await tuner.set_profile(SPEC.id, msgspec.structs.replace(SPEC.profile, dtype="bfloat16"))

@@ -29,8 +29,8 @@ from shoal.queue.objects import LocalObjectStore
 from shoal.queue.payloads import PayloadStore
 from shoal.queue.provision import ensure_consumer, ensure_work_stream
 from shoal.workers.adapters.dummy import DummyAdapter
-from shoal.workers.encoder_worker import EncoderWorker
-from shoal.workers.passes import PassPlanner
+from shoal.workers.encoder.passes import PassPlanner
+from shoal.workers.encoder.worker import EncoderWorker
 
 SPEC = ModelSpec(
     id="dummy/enc",
@@ -220,12 +220,12 @@ async def test_a_pass_beside_another_takes_half_the_token_budget(harness: Harnes
     )
     adapter = PairingAdapter(spec)
     worker = await harness.add_worker(adapter)
-    worker.kind.passes = PassPlanner(time.monotonic, pairs=True, enter=0.0, leave=-1.0)
+    worker.kind.schedule.passes = PassPlanner(time.monotonic, pairs=True, enter=0.0, leave=-1.0)
     texts = [f"w{i} a b c d e" for i in range(48)]  # 6 words: 8 tokens with CLS and SEP
     results = await asyncio.gather(*(harness.embed([t]) for t in texts))
     for text, got in zip(texts, results, strict=True):
         np.testing.assert_allclose(got, expected([text]), rtol=1e-6)
-    assert worker.kind.passes.side_by_side > 0
+    assert worker.kind.schedule.passes.side_by_side > 0
     assert max(adapter.batches[1:]) == 4, adapter.batches  # after the warm-up's
 
 

@@ -49,7 +49,7 @@ def test_placement_gives_hot_models_more_workers_within_the_slots() -> None:
 
 
 def test_pulling_only_when_nearly_free_beats_a_pull_waiting_on_a_busy_worker() -> None:
-    """The finding that changed the worker (encoder_worker._PULL_HORIZON): with mixed
+    """The finding that changed the worker (encoder.schedule.PULL_HORIZON): with mixed
     lengths, a pull kept waiting by a busy worker takes work an idle one could start."""
     s = scenario(workers=8, passage_share=0.2)
     rate = 150.0

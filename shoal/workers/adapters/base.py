@@ -3,7 +3,7 @@
 An adapter turns a job into rows (`units`, on the tokenizer thread), runs a batch of rows
 through the model for one op (`forward`, on the single forward thread) and returns one
 output array per row. What the rows' outputs mean for a reply is the op's business
-(shoal/workers/results.py). Each family lives in its own module; `DummyAdapter` serves
+(shoal/workers/encoder/results.py). Each family lives in its own module; `DummyAdapter` serves
 tests without torch.
 """
 

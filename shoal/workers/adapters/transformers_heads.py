@@ -6,7 +6,7 @@ The model loads with `AutoModelForTokenClassification`,
 path or hub id, its labels from the config's `id2label`. Outputs are raw logits per row,
 or for sparse the SPLADE weights over the vocabulary (pooled in the graph, so the
 compiled engine runs it too); turning them into entities, labels, relevance scores or
-pruned sparse vectors happens in shoal/workers/results.py, in numpy. Classify, rerank and
+pruned sparse vectors happens in shoal/workers/encoder/results.py, in numpy. Classify, rerank and
 NER batches run packed (`_packing`: the encoder on packed rows, the classifier on each
 input's tokens or pooled first token), in the compiled engine or in torch (LoRA
 batches), where the load-time check holds.

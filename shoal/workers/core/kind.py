@@ -4,7 +4,7 @@ The core (worker.py) owns delivery: it pulls each served model's interactive and
 lanes, reads and admits jobs, keeps them alive, cancels them, settles them and stops
 cleanly. A kind owns what differs: which models it serves, how admitted jobs become
 batches or slots, the runtime call, and what it adds to heartbeats. Encoders
-(`shoal.workers.encoder_worker`) and generation (`shoal.workers.generation.worker`) are
+(`shoal.workers.encoder.worker`) and generation (`shoal.workers.generation.worker`) are
 the two kinds today; a new one (a sparse encoder, a new generation runtime) is a module
 that implements this.
 """

@@ -4,7 +4,7 @@ one that runs alone, never more than two, never on an engine or op that cannot."
 
 from __future__ import annotations
 
-from shoal.workers.passes import Pass, PassPlanner
+from shoal.workers.encoder.passes import Pass, PassPlanner
 
 
 class Clock:

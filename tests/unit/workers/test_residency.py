@@ -1,6 +1,6 @@
 import pytest
 
-from shoal.workers.residency import ModelTooLargeError, Residency
+from shoal.workers.encoder.residency import ModelTooLargeError, Residency
 
 MB = 2**20
 

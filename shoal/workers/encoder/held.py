@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from ..queue.messages import Job
-from ..queue.source import Delivery
-from .adapters.base import Tokenized
-from .core import Held
+from ...queue.messages import Job
+from ...queue.source import Delivery
+from ..adapters.base import Tokenized
+from ..core import Held
 
 __all__ = ["HeldJob", "Unit"]
 

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ..queue.messages import (
+from ...queue.messages import (
     ClassifyJob,
     ClassifyResult,
     EmbedJob,
@@ -22,9 +22,9 @@ from ..queue.messages import (
     SparseJob,
     SparseResult,
 )
-from .adapters.base import EncoderAdapter
+from ..adapters.base import EncoderAdapter
+from ..ner import Window, entities_for_text
 from .held import HeldJob
-from .ner import Window, entities_for_text
 
 __all__ = ["build_result"]
 

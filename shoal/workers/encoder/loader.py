@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from ..model_registry import LiveRegistry, SourceResolver, UnknownAdapterError
-from .encoder_model import EncoderModel
+from ...model_registry import LiveRegistry, SourceResolver, UnknownAdapterError
+from .model import EncoderModel
 from .residency import ModelTooLargeError, Residency, weight_bytes
 
 __all__ = ["LoadError", "Loader"]

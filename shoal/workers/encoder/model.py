@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from ..model_registry import ModelSpec
-from .adapters.base import EncoderAdapter
-from .batcher import Batcher
+from ...model_registry import ModelSpec
+from ..adapters.base import EncoderAdapter
+from ..batcher import Batcher
 from .held import HeldJob, Unit
 
 __all__ = ["BatcherKey", "EncoderModel", "ModelState"]

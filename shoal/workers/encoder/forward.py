@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from .adapters import EncoderAdapter
-from .adapters._openvino import side_by_side
-from .adapters.base import Tokenized
+from ..adapters import EncoderAdapter
+from ..adapters._openvino import side_by_side
+from ..adapters.base import Tokenized
 from .held import HeldJob
 
 __all__ = ["forward_isolating", "prepare", "too_long"]
