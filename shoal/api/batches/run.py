@@ -7,24 +7,37 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
 from ...compat.errors import InternalError, ShoalError
 from ...compat.openai.batches import BatchError, BatchErrors, RequestCounts
+from ...config import BatchSettings
 from ...queue.objects import ObjectStoreError
-from ..admission import current_principal, route_group
+from ..admission import Admission, current_principal, route_group
 from ..answer import BATCH_ENDPOINTS
-from ..batch_store import BatchRecord, LeaseLostError
+from ..batch_store import BatchRecord, BatchStore, LeaseLostError
 from .lines import InputLine, LineError, TooLong, check_line, custom_id_of, input_lines, validate
 from .packing import Pack, PackedLine, packed_line
 from .parts import NO_RESPONSE, Outcome, PartWriter, load_parts, part_prefix, render
 
 if TYPE_CHECKING:
-    from .runner import BatchRunner
+    from ..gateway import Gateway
 
-__all__ = ["BatchRun"]
+__all__ = ["BatchRun", "Runner"]
+
+
+class Runner(Protocol):
+    """What a run uses of the runner that holds its lease (runner.py's `BatchRunner`):
+    named here so that a run needs no import of the runner, which imports it."""
+
+    runner_id: str
+    settings: BatchSettings
+    store: BatchStore
+    gateway: Gateway
+    admission: Admission
+
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +50,7 @@ class BatchRun:
     """One runner's work on one batch, while it holds the lease: validate, execute,
     finalize (see runner.py)."""
 
-    def __init__(self, runner: BatchRunner, record: BatchRecord) -> None:
+    def __init__(self, runner: Runner, record: BatchRecord) -> None:
         self.runner = runner
         self.settings = runner.settings
         self.store = runner.store

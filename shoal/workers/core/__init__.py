@@ -1,8 +1,8 @@
 """The worker core: delivery for every kind of worker (see worker.py and kind.py)."""
 
 from .held import Held
-from .kind import WorkerKind
+from .kind import Core, WorkerKind
 from .outcomes import SETTLE, Outcome, Settlement
 from .worker import Served, Worker
 
-__all__ = ["SETTLE", "Held", "Outcome", "Served", "Settlement", "Worker", "WorkerKind"]
+__all__ = ["SETTLE", "Core", "Held", "Outcome", "Served", "Settlement", "Worker", "WorkerKind"]

@@ -12,17 +12,42 @@ that implements this.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from ...model_registry import ModelSpec
-from ...queue.messages import Job
+from ...model_registry import LiveRegistry, ModelSpec
+from ...queue.messages import Job, Reply
 from ...queue.source import Delivery
 from .held import Held
+from .outcomes import Outcome
 
-if TYPE_CHECKING:
-    from .worker import Worker
+__all__ = ["Core", "WorkerKind"]
 
-__all__ = ["WorkerKind"]
+
+class Core(Protocol):
+    """What a kind may use of the worker core that runs it (worker.py's `Worker`): named
+    here so that the kind needs no import of the core, which imports the kind."""
+
+    registry: LiveRegistry
+    held: dict[int, Held]
+    """The jobs held, by id()."""
+
+    @property
+    def models(self) -> Mapping[str, object]:
+        """The models served, by id."""
+        ...
+
+    async def publish(self, held: Held, message: bytes) -> bool: ...
+
+    async def answer(self, held: Held, result: Reply) -> bool: ...
+
+    async def settle(
+        self, held: Held, outcome: Outcome, message: str = "", param: str | None = None
+    ) -> None: ...
+
+    def release(self, held: Held) -> None: ...
+
+    def signal_room(self) -> None: ...
 
 
 class WorkerKind(ABC):
@@ -31,9 +56,9 @@ class WorkerKind(ABC):
     name: str = "worker"
     """Names the kind in worker ids (`<name>-<hex>`) and logs."""
 
-    core: Worker
+    core: Core
 
-    def attach(self, core: Worker) -> None:
+    def attach(self, core: Core) -> None:
         """Called once by the core that runs this kind."""
         self.core = core
 

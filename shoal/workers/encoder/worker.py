@@ -45,7 +45,7 @@ from ...queue.payloads import PayloadStore
 from ..adapters import EncoderAdapter, make_adapter
 from ..adapters.sentence_transformers import pick_device
 from ..batcher import Batcher
-from ..core import Held, Outcome, Worker, WorkerKind
+from ..core import Core, Held, Outcome, Worker, WorkerKind
 from ..observe import WorkerMetrics
 from .forward import forward_isolating, prepare, too_long
 from .held import HeldJob, Unit
@@ -120,7 +120,7 @@ class EncoderKind(WorkerKind):
         self.metrics = WorkerMetrics("encoder", lambda: (r.used, r.loads, r.evictions))
         self.batches_run = 0
 
-    def attach(self, core: Worker) -> None:
+    def attach(self, core: Core) -> None:
         super().attach(core)
         self.loader = Loader(
             self.residency,
