@@ -42,7 +42,6 @@ The IR is exported once (openvino_export.py) and cached in the cache dir.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import multiprocessing
 import os
@@ -58,6 +57,21 @@ from ...model_registry import ModelSpec
 from .engine import SequenceRequest, TokenEvent
 from .openvino_export import export_command, openvino_ir
 from .openvino_host import host
+from .openvino_protocol import (
+    Add,
+    Cancel,
+    Failed,
+    Notice,
+    Ready,
+    Refused,
+    SequenceStep,
+    Stepped,
+    Stop,
+    ToHost,
+    receive_from_host,
+    send,
+)
+from .openvino_requests import generation_fields, may_assist, needs_torch, request_id
 from .precision import served_weights
 from .runtime import GenerationRuntime, TransformersRuntime
 from .text import TextTracker
@@ -67,8 +81,6 @@ __all__ = ["OpenVINORuntime"]
 
 log = logging.getLogger(__name__)
 
-_SMALLEST_TOP_P = 1e-30  # a normal float32, far below any top_p that keeps two tokens
-_SMALLEST_TEMPERATURE = 1e-30  # below it sampling is greedy in any float precision
 _KV_BLOCK = 32  # tokens per KV-cache block of GenAI's CPU paged attention
 _RESTARTS = 3  # a pipeline process that dies more often than this ...
 _RESTART_WINDOW_S = 600.0  # ... within this is not restarted again
@@ -115,7 +127,7 @@ class OpenVINORuntime(GenerationRuntime):
         self._weights: str | None = None  # what serves beside float32, how close it measured
         self._assisted = False  # a lone greedy sequence is decoded speculatively
         self._host_args: tuple = ()
-        self._backlog: list[tuple] | None = None
+        self._backlog: list[ToHost] | None = None
         """While the pipeline's process restarts: what to send it once it is up."""
         self._restarts: deque[float] = deque(maxlen=_RESTARTS)
         self._fallback = TorchFallback(
@@ -186,14 +198,15 @@ class OpenVINORuntime(GenerationRuntime):
         process.start()
         theirs.close()
         try:
-            while (answer := conn.recv())[0] == "warning":
-                log.warning("%s: %s", self.spec.id, answer[1])
+            while isinstance(answer := receive_from_host(conn), Notice):
+                log.warning("%s: %s", self.spec.id, answer.message)
         except EOFError:
-            answer = ("failed", f"the OpenVINO process exited ({process.exitcode})")
-        if answer[0] != "ready":
+            answer = Failed(f"the OpenVINO process exited ({process.exitcode})")
+        if not isinstance(answer, Ready):
             process.join(timeout=5)
-            raise RuntimeError(f"OpenVINO could not load {self.spec.id}: {answer[1]}")
-        self._assisted = answer[1]
+            why = answer.message if isinstance(answer, Failed) else repr(answer)
+            raise RuntimeError(f"OpenVINO could not load {self.spec.id}: {why}")
+        self._assisted = answer.assisted
         with self._lock:
             if self._stopping:
                 process.kill()
@@ -202,8 +215,8 @@ class OpenVINORuntime(GenerationRuntime):
             backlog, self._backlog = self._backlog or [], None
             for message in backlog:
                 # An add whose sequence was failed meanwhile would only hold a slot.
-                if message[0] != "add" or message[1] in self._active:
-                    conn.send(message)
+                if not isinstance(message, Add) or message.rid in self._active:
+                    send(conn, message)
 
     def stop(self) -> None:
         with self._lock:
@@ -211,7 +224,7 @@ class OpenVINORuntime(GenerationRuntime):
             process, restarting = self._process, self._backlog is not None
         if process is not None and process.is_alive():
             if not restarting:  # it can stop cleanly
-                self._send(("stop",))
+                self._send(Stop())
                 process.join(timeout=3)
             if process.is_alive():
                 process.kill()
@@ -224,17 +237,16 @@ class OpenVINORuntime(GenerationRuntime):
         return self._context
 
     def submit(self, requests: list[SequenceRequest]) -> None:
-        mine = [r for r in requests if not _needs_torch(r)]
+        mine = [r for r in requests if not needs_torch(r)]
         if len(mine) < len(requests):
-            self._fallback.submit([r for r in requests if _needs_torch(r)])
+            self._fallback.submit([r for r in requests if needs_torch(r)])
         for req in mine:
-            rid = _request_id(req)
+            rid = request_id(req)
             seq = _Sequence(req, rid, TextTracker(self._decode, list(req.sampling.stop)))
             with self._lock:
                 self._active[rid] = seq
-            alone = len(mine) == 1 and _may_assist(req)  # a job of n choices never drafts
-            message = ("add", rid, req.prompt_ids, _fields(req), alone)
-            if not self._send(message):
+            alone = len(mine) == 1 and may_assist(req)  # a job of n choices never drafts
+            if not self._send(Add(rid, req.prompt_ids, generation_fields(req), alone)):
                 self._fail([seq], "the OpenVINO process is gone")
 
     def cancel(self, job: str) -> None:
@@ -243,7 +255,7 @@ class OpenVINORuntime(GenerationRuntime):
             for seq in gone:
                 del self._active[seq.rid]
         for seq in gone:
-            self._send(("cancel", seq.rid))
+            self._send(Cancel(seq.rid))
         self._fallback.cancel(job)
 
     @property
@@ -282,7 +294,7 @@ class OpenVINORuntime(GenerationRuntime):
 
     # Talking to the pipeline's process ------------------------------------------------------
 
-    def _send(self, message: tuple) -> bool:
+    def _send(self, message: ToHost) -> bool:
         """Whether `message` reached the pipe (False once the process is gone)."""
         assert self._conn is not None
         try:
@@ -290,7 +302,7 @@ class OpenVINORuntime(GenerationRuntime):
                 if self._backlog is not None:
                     self._backlog.append(message)
                 else:
-                    self._conn.send(message)
+                    send(self._conn, message)
         except (OSError, ValueError):
             return False
         return True
@@ -302,24 +314,26 @@ class OpenVINORuntime(GenerationRuntime):
         while True:
             assert self._conn is not None
             try:
-                message = self._conn.recv()
+                message = receive_from_host(self._conn)
             except (EOFError, OSError):
                 if self._stopping or not self._restarted():
                     return
                 continue
-            if message[0] == "step":
-                self._max_batch = max(self._max_batch, message[2])
-                self.drafted += message[3]
-                self.drafted_moved += message[4]
-                self._collect(message[1])
-            elif message[0] == "refused":
-                log.error("OpenVINO refused a request: %s", message[2])
-                seq = self._active.get(message[1])
+            if isinstance(message, Stepped):
+                self._max_batch = max(self._max_batch, len(message.sequences))
+                self.drafted += message.drafted
+                self.drafted_moved += message.moved
+                self._collect(message.sequences)
+            elif isinstance(message, Refused):
+                log.error("OpenVINO refused a request: %s", message.message)
+                seq = self._active.get(message.rid)
                 if seq is not None:
-                    self._fail([seq], message[2])
-            else:  # a step failed: the process dropped every sequence
-                log.error("OpenVINO generation step failed: %s", message[1])
-                self._fail(list(self._active.values()), message[1])
+                    self._fail([seq], message.message)
+            elif isinstance(message, Failed):  # a step failed: it dropped every sequence
+                log.error("OpenVINO generation step failed: %s", message.message)
+                self._fail(list(self._active.values()), message.message)
+            else:
+                log.error("unexpected from the OpenVINO process: %r", message)
 
     def _restarted(self) -> bool:
         """After the pipeline's process died (killed, out of memory, a crash in OpenVINO):
@@ -351,7 +365,9 @@ class OpenVINORuntime(GenerationRuntime):
         with self._lock:
             backlog, self._backlog = self._backlog or [], None
             self._conn = _Closed()  # later sends fail at once
-            lost = [self._active[m[1]] for m in backlog if m[0] == "add" and m[1] in self._active]
+            lost = [
+                self._active[m.rid] for m in backlog if isinstance(m, Add) and m.rid in self._active
+            ]
         self._fail(lost, "the OpenVINO process is gone")
         return False
 
@@ -361,9 +377,10 @@ class OpenVINORuntime(GenerationRuntime):
                 self._active.pop(seq.rid, None)
         self._on_events([TokenEvent(s.req.job, s.req.choice, error=error) for s in seqs])
 
-    def _collect(self, results: list[tuple[int, list[int], list[float], str]]) -> None:
+    def _collect(self, results: list[SequenceStep]) -> None:
         events: list[TokenEvent] = []
-        for rid, tokens, logprobs, state in results:
+        for step in results:
+            rid, tokens, logprobs, state = step.rid, step.tokens, step.logprobs, step.state
             seq = self._active.get(rid)
             if seq is None:  # cancelled meanwhile
                 continue
@@ -383,7 +400,7 @@ class OpenVINORuntime(GenerationRuntime):
                 with self._lock:
                     self._active.pop(rid, None)
                 if state == "running":  # a stop string: the rest is not wanted
-                    self._send(("cancel", rid))
+                    self._send(Cancel(rid))
         if events:
             self._on_events(events)
 
@@ -418,57 +435,8 @@ class OpenVINORuntime(GenerationRuntime):
 class _Closed:
     """The pipe of a pipeline process that is gone for good."""
 
-    def send(self, message: tuple) -> None:
+    def send_bytes(self, data: bytes) -> None:
         raise OSError("the OpenVINO process is gone")
 
-    def recv(self) -> tuple:
+    def recv_bytes(self) -> bytes:
         raise EOFError
-
-
-def _fields(req: SequenceRequest) -> dict[str, object]:
-    """The request's GenerationConfig, as fields the pipeline's process sets."""
-    s = req.sampling
-    fields: dict[str, object] = {"max_new_tokens": req.max_new, "ignore_eos": False}
-    # OpenVINO holds temperature and top_p as float32, in which values below ~1e-38 are 0
-    # and refused (or divide by zero). A temperature that small samples the likeliest
-    # token with certainty: greedy; a top_p that small keeps only the likeliest token,
-    # so the floor changes no answer.
-    if s.temperature > _SMALLEST_TEMPERATURE:
-        fields |= {
-            "do_sample": True,
-            "temperature": s.temperature,
-            "top_p": max(s.top_p, _SMALLEST_TOP_P),
-            "rng_seed": (s.seed + req.choice) % 2**63,
-        }
-    fields |= {"presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty}
-    if s.logprobs:
-        fields["logprobs"] = 1
-    if s.json_schema:
-        fields["json_schema"] = s.json_schema
-    return fields
-
-
-def _may_assist(req: SequenceRequest) -> bool:
-    """Whether a draft may propose this sequence's tokens: only where the full model's
-    check alone picks each token (greedy), and where moving the sequence to the main
-    pipeline midway, as a longer prompt, changes nothing: penalties count generated
-    tokens only, a schema's grammar would start again. GenAI's assisted sampling failed
-    its own checks when tried (2026.4.1)."""
-    s = req.sampling
-    return (
-        s.temperature <= _SMALLEST_TEMPERATURE
-        and not s.presence_penalty
-        and not s.frequency_penalty
-        and not s.json_schema
-    )
-
-
-def _needs_torch(req: SequenceRequest) -> bool:
-    """What GenAI cannot do per request in a step loop: LoRA, alternatives' logprobs."""
-    return bool(req.adapter) or req.sampling.top_logprobs > 0
-
-
-def _request_id(req: SequenceRequest) -> int:
-    return int.from_bytes(
-        hashlib.blake2b(f"{req.job}:{req.choice}".encode(), digest_size=7).digest()
-    )

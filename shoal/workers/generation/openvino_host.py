@@ -19,17 +19,7 @@ runtime decides) goes there when nothing else runs, and as soon as any other seq
 arrives the assisted one moves to the main pipeline, continuing from its prompt and the
 tokens it has so far (a greedy continuation of the same text is the same answer).
 
-The protocol (tuples over a `multiprocessing` pipe, one writer each way):
-- to the host: `("add", rid, prompt_ids, fields, may_assist)`, `("cancel", rid)`,
-  `("stop",)`;
-- from the host: `("ready", assisted)` once loaded (whether the draft pipeline loaded
-  too; `("warning", message)` before it says why not), or `("failed", message)`; after
-  each round of steps `("step", [(rid, token_ids, logprobs, state), ...], batch_size,
-  drafted, moved)` where state is `running`, `done` or `ignored` and the last two count
-  sequences sent to the draft and moved from it since the last `step` (counts, not
-  totals: a restarted process starts from zero and the worker's totals go on);
-  `("refused", rid, message)` for a request the pipeline would not take; `("failed",
-  message)` when a step raised (every sequence is dropped).
+The messages each way are openvino_protocol.py's.
 """
 
 from __future__ import annotations
@@ -37,6 +27,20 @@ from __future__ import annotations
 import signal
 from multiprocessing.connection import Connection
 from typing import Any
+
+from .openvino_protocol import (
+    Add,
+    Cancel,
+    Failed,
+    Notice,
+    Ready,
+    Refused,
+    SequenceStep,
+    Stepped,
+    Stop,
+    receive_in_host,
+    send,
+)
 
 __all__ = ["host"]
 
@@ -78,7 +82,7 @@ def host(
 
         pipe = og.ContinuousBatchingPipeline(ir, _scheduler(og, scheduler), "CPU", properties)
     except Exception as exc:  # the parent turns this into the load's error
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        send(conn, Failed(f"{type(exc).__name__}: {exc}"))
         return
     assisted = None
     if assist is not None:
@@ -88,8 +92,8 @@ def host(
                 ir, _scheduler(og, assist["scheduler"]), "CPU", properties | {"draft_model": draft}
             )
         except Exception as exc:  # the main pipeline serves alone
-            conn.send(("warning", f"no speculative decoding: {type(exc).__name__}: {exc}"))
-    conn.send(("ready", assisted is not None))
+            send(conn, Notice(f"no speculative decoding: {type(exc).__name__}: {exc}"))
+    send(conn, Ready(assisted is not None))
     seqs: dict[int, _Sequence] = {}
     drafted = moved = 0  # sequences sent to the draft, and moved from it, since last told
     states = {og.GenerationStatus.RUNNING: "running", og.GenerationStatus.IGNORED: "ignored"}
@@ -118,7 +122,7 @@ def host(
                 seqs[rid] = add(rid, seq.ids + seq.generated, fields, False)
             except Exception as exc:  # it fails alone, as a refused request would
                 del seqs[rid]
-                conn.send(("refused", rid, str(exc)))
+                send(conn, Refused(rid, str(exc)))
                 continue
             seqs[rid].generated = seq.generated
             moved += 1
@@ -127,32 +131,32 @@ def host(
     while True:
         # Block for a message while idle; between steps, take whatever has come.
         while not seqs or conn.poll(0):
-            message = conn.recv()
-            if message[0] == "stop":
+            message = receive_in_host(conn)
+            if isinstance(message, Stop):
                 for seq in seqs.values():
                     seq.handle.cancel()
                 return
-            if message[0] == "cancel":
-                seq = seqs.pop(message[1], None)
+            if isinstance(message, Cancel):
+                seq = seqs.pop(message.rid, None)
                 if seq is not None:
                     seq.handle.cancel()  # leaves the batch, frees its KV blocks next step
                     if seq.assisted:  # that pipeline steps again only for the next one
                         assisted.step()
                 continue
-            _, rid, ids, fields, may_assist = message
+            assert isinstance(message, Add)
             try:
-                alone = assisted is not None and may_assist and not seqs
+                alone = assisted is not None and message.may_assist and not seqs
                 if not alone:
                     move_assisted()
-                seqs[rid] = add(rid, ids, fields, alone)
+                seqs[message.rid] = add(message.rid, message.prompt_ids, message.fields, alone)
                 drafted += alone
             except Exception as exc:  # one request the pipeline refuses fails alone
-                conn.send(("refused", rid, str(exc)))
+                send(conn, Refused(message.rid, str(exc)))
         try:
             # A drafted sequence only ever runs alone (an arrival moves it): one pipeline.
             drafting = any(s.assisted for s in seqs.values())
             (assisted if drafting else pipe).step()
-            out = []
+            out: list[SequenceStep] = []
             for rid, seq in list(seqs.items()):
                 status = seq.handle.get_status()
                 tokens: list[int] = []
@@ -165,14 +169,14 @@ def host(
                 state = states.get(status, "done")
                 if state != "running":
                     del seqs[rid]
-                out.append((rid, tokens, logprobs, state))
-            conn.send(("step", out, len(out), drafted, moved))
+                out.append(SequenceStep(rid, tokens, logprobs, state))
+            send(conn, Stepped(out, drafted, moved))
             drafted = moved = 0
         except Exception as exc:
             for seq in seqs.values():
                 seq.handle.cancel()
             seqs.clear()
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            send(conn, Failed(f"{type(exc).__name__}: {exc}"))
 
 
 def _filled(config: Any, fields: dict[str, Any]) -> Any:
