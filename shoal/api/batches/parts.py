@@ -19,15 +19,15 @@ import msgspec
 from ...compat.openai.batches import BatchOutputError, BatchOutputLine, BatchOutputResponse
 from ...queue.objects import ObjectStore, ObjectStoreError
 
-__all__ = ["Outcome", "PartWriter", "load_parts", "part_prefix", "render", "save_part"]
+__all__ = ["LineOutcome", "PartWriter", "load_parts", "part_prefix", "render", "save_part"]
 
 log = logging.getLogger(__name__)
 
 NO_RESPONSE = 0
-"""`Outcome.status` of a line that never got a response (expired): `body` is the error."""
+"""`LineOutcome.status` of a line that never got a response (expired): `body` is the error."""
 
 
-class Outcome(NamedTuple):
+class LineOutcome(NamedTuple):
     index: int
     """The line's position among the file's non-blank lines, from 0."""
     custom_id: str
@@ -41,7 +41,7 @@ class Outcome(NamedTuple):
 
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(list[Outcome]).decode
+_decode = msgspec.msgpack.Decoder(list[LineOutcome]).decode
 _encode_json = msgspec.json.Encoder().encode
 
 
@@ -50,7 +50,7 @@ def part_prefix(batch_id: str) -> str:
 
 
 async def save_part(
-    objects: ObjectStore, batch_id: str, epoch: int, seq: int, outcomes: list[Outcome]
+    objects: ObjectStore, batch_id: str, epoch: int, seq: int, outcomes: list[LineOutcome]
 ) -> None:
     await objects.put_bytes(f"{part_prefix(batch_id)}{epoch:06d}-{seq:08d}", _encode(outcomes))
 
@@ -62,10 +62,10 @@ class PartWriter:
         self.objects = objects
         self.batch_id = batch_id
         self.epoch = epoch
-        self.pending: list[Outcome] = []
+        self.pending: list[LineOutcome] = []
         self._seq = 0
 
-    def add(self, outcome: Outcome) -> None:
+    def add(self, outcome: LineOutcome) -> None:
         self.pending.append(outcome)
 
     async def flush(self) -> bool:
@@ -89,7 +89,7 @@ class PartWriter:
         return True
 
 
-async def load_parts(objects: ObjectStore, batch_id: str) -> AsyncIterator[list[Outcome]]:
+async def load_parts(objects: ObjectStore, batch_id: str) -> AsyncIterator[list[LineOutcome]]:
     for key in await objects.list(part_prefix(batch_id)):
         yield _decode(await objects.get_bytes(key))
 
@@ -99,7 +99,7 @@ def request_id(batch_id: str, index: int) -> str:
     return f"batch_req_{digest}"
 
 
-def render(batch_id: str, outcome: Outcome) -> bytes:
+def render(batch_id: str, outcome: LineOutcome) -> bytes:
     """The outcome as one line of OpenAI's output/error file format."""
     rid = request_id(batch_id, outcome.index)
     if outcome.status == NO_RESPONSE:

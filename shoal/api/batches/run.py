@@ -20,7 +20,7 @@ from ..answer import BATCH_ENDPOINTS
 from ..batch_store import BatchRecord, BatchStore, LeaseLostError
 from .lines import InputLine, LineError, TooLong, check_line, custom_id_of, input_lines, validate
 from .packing import Pack, PackedLine, packed_line
-from .parts import NO_RESPONSE, Outcome, PartWriter, load_parts, part_prefix, render
+from .parts import NO_RESPONSE, LineOutcome, PartWriter, load_parts, part_prefix, render
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
@@ -201,7 +201,7 @@ class BatchRun:
         room = asyncio.Semaphore(self.settings.max_in_flight)
         running: set[asyncio.Task] = set()
 
-        def send(answer: Coroutine[Any, Any, list[Outcome]], lines: int) -> None:
+        def send(answer: Coroutine[Any, Any, list[LineOutcome]], lines: int) -> None:
             """Run `answer`, which holds `lines` places in flight until it is done."""
             task = asyncio.create_task(self._run(answer, room, lines))
             running.add(task)
@@ -269,7 +269,7 @@ class BatchRun:
             await asyncio.wait(set(running), timeout=self.settings.cancel_grace)
 
     async def _run(
-        self, answer: Awaitable[list[Outcome]], room: asyncio.Semaphore, lines: int
+        self, answer: Awaitable[list[LineOutcome]], room: asyncio.Semaphore, lines: int
     ) -> None:
         """Record the answered lines; their places in flight are free again either way."""
         try:
@@ -317,23 +317,23 @@ class BatchRun:
         with admission.metered(principal):
             return await call()
 
-    async def _answer_one(self, index: int, raw: bytes | TooLong) -> list[Outcome]:
+    async def _answer_one(self, index: int, raw: bytes | TooLong) -> list[LineOutcome]:
         try:
             line = check_line(raw, self.batch.endpoint, self.endpoint, self.gateway.resolve)
         except LineError as exc:  # valid at validation; the registry (or line cap) changed
-            return [Outcome(index, custom_id_of(raw), 400, _error_body(exc.message, exc.code))]
+            return [LineOutcome(index, custom_id_of(raw), 400, _error_body(exc.message, exc.code))]
         try:
             response = await self._retrying(lambda: self.endpoint.call(self.gateway, line.body))
-            return [Outcome(index, line.custom_id, 200, _encode(response))]
+            return [LineOutcome(index, line.custom_id, 200, _encode(response))]
         except ShoalError as exc:
             body = _encode(exc.to_response())
-            return [Outcome(index, line.custom_id, exc.status_code, body)]
+            return [LineOutcome(index, line.custom_id, exc.status_code, body)]
         except Exception:
             log.exception("batch %s: line %d failed", self.id, index)
             body = _encode(InternalError("Internal server error").to_response())
-            return [Outcome(index, line.custom_id, 500, body)]
+            return [LineOutcome(index, line.custom_id, 500, body)]
 
-    async def _answer_pack(self, pack: Pack) -> list[Outcome]:
+    async def _answer_pack(self, pack: Pack) -> list[LineOutcome]:
         """One request for the whole pack; if it is refused (one line's input is bad, the
         pack is too large for some limit), each line alone, as the live route answers it."""
         if len(pack.lines) > 1:
@@ -341,7 +341,7 @@ class BatchRun:
                 vectors, model = await self._retrying(lambda: pack.embed(self.gateway))
                 bodies = pack.answers(vectors, model)
                 return [
-                    Outcome(line.index, line.custom_id, 200, body)
+                    LineOutcome(line.index, line.custom_id, 200, body)
                     for line, body in zip(pack.lines, bodies, strict=True)
                 ]
             except ShoalError as exc:
@@ -350,7 +350,7 @@ class BatchRun:
                 if self.stopped.is_set() or exc.status_code == 403:
                     body = _encode(exc.to_response())
                     status = exc.status_code
-                    return [Outcome(x.index, x.custom_id, status, body) for x in pack.lines]
+                    return [LineOutcome(x.index, x.custom_id, status, body) for x in pack.lines]
                 log.info("batch %s: a pack was refused (%s); its lines go alone", self.id, exc)
             except Exception:
                 log.exception("batch %s: a pack failed; its lines go alone", self.id)
@@ -365,7 +365,7 @@ class BatchRun:
             for outcome in part:
                 self._mark(outcome)
 
-    def _mark(self, outcome: Outcome) -> bool:
+    def _mark(self, outcome: LineOutcome) -> bool:
         """Count a finished line once; False if it was already done."""
         if outcome.index >= len(self.done) or self.done[outcome.index]:
             return False
@@ -376,7 +376,7 @@ class BatchRun:
             self.counts.failed += 1
         return True
 
-    def _record(self, outcome: Outcome) -> None:
+    def _record(self, outcome: LineOutcome) -> None:
         if self._mark(outcome):
             self.parts.add(outcome)
 
@@ -474,7 +474,7 @@ class BatchRun:
             async for _, raw in self._lines():
                 index += 1
                 if index < len(seen) and not seen[index]:
-                    yield render(self.id, Outcome(index, custom_id_of(raw), NO_RESPONSE, error))
+                    yield render(self.id, LineOutcome(index, custom_id_of(raw), NO_RESPONSE, error))
 
 
 def _error_body(message: str, code: str) -> bytes:

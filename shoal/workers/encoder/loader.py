@@ -52,7 +52,7 @@ class Loader:
         self.residency = residency
         self._resolver = resolver
         self._registry = registry
-        self._forward = forward
+        self._forward_pool = forward
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
         self._on_change = on_change
         self._locks: dict[str, asyncio.Lock] = {}
@@ -140,7 +140,7 @@ class Loader:
             await self._unload(model)
         started = time.monotonic()
         await self._run(self._pool, served.adapter.load, path)
-        await self._run(self._forward, served.adapter.warmup)
+        await self._run(self._forward_pool, served.adapter.warmup)
         size = served.adapter.memory_bytes() or need
         self.residency.loaded(served.id, size)
         served.state = "resident"
@@ -160,7 +160,7 @@ class Loader:
             served.adapter.unload()
             gc.collect()
 
-        await self._run(self._forward, unload)
+        await self._run(self._forward_pool, unload)
         self.residency.evicted(served.id)
         log.info("evicted %s", served.id)
         self._on_change()
@@ -182,7 +182,7 @@ class Loader:
             raise LoadError(f"model '{served.id}' cannot take LoRA adapters")
         try:
             path = await self._local(spec.source, registered=True)  # adapters are registered
-            await self._run(self._forward, slots.ensure, name, path)
+            await self._run(self._forward_pool, slots.ensure, name, path)
         except Exception as exc:
             raise LoadError(f"adapter '{served.id}:{name}' failed to load: {exc}") from exc
 
@@ -193,4 +193,4 @@ class Loader:
         known = {a.name for a in self._registry.adapters(served.id)}
         for name in slots.loaded():
             if name not in known:
-                await self._run(self._forward, slots.drop, name)
+                await self._run(self._forward_pool, slots.drop, name)

@@ -98,8 +98,8 @@ class EncoderKind(WorkerKind):
         # The forward thread runs every pass alone, the first of two side by side, and the
         # loader's work (loads, unloads, LoRA swaps: never during a pass on it); the second
         # runs only a pass beside another, on the base model in an engine stream.
-        self._forward = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
-        self._beside = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward-beside")
+        self._forward_pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward")
+        self._beside_pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-forward-beside")
         self._on_forward_thread: asyncio.Task | None = None
         self._passes: set[asyncio.Task] = set()
         """Every pass task until it ends (the loop keeps only weak references to tasks)."""
@@ -126,7 +126,7 @@ class EncoderKind(WorkerKind):
             self.residency,
             SourceResolver.of(self.settings),
             core.registry,
-            self._forward,
+            self._forward_pool,
             on_change=self._signal,
         )
 
@@ -186,8 +186,8 @@ class EncoderKind(WorkerKind):
             task.cancel()
         for task in self._loading:
             task.cancel()
-        self._forward.shutdown(wait=False, cancel_futures=True)
-        self._beside.shutdown(wait=False, cancel_futures=True)
+        self._forward_pool.shutdown(wait=False, cancel_futures=True)
+        self._beside_pool.shutdown(wait=False, cancel_futures=True)
         self._tokenize.shutdown(wait=False, cancel_futures=True)
         self.loader.close()
 
@@ -301,7 +301,7 @@ class EncoderKind(WorkerKind):
             model.running += 1
             self.residency.touch(model.spec.id)
             on_forward_thread = self._on_forward_thread is None
-            pool = self._forward if on_forward_thread else self._beside
+            pool = self._forward_pool if on_forward_thread else self._beside_pool
             task = asyncio.create_task(self._run_batch(run, batch, pool))
             if on_forward_thread:
                 self._on_forward_thread = task

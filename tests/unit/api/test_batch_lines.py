@@ -11,7 +11,7 @@ import pytest
 
 from shoal.api.answer import BATCH_ENDPOINTS
 from shoal.api.batches.lines import check_line, input_lines, validate
-from shoal.api.batches.parts import NO_RESPONSE, Outcome, PartWriter, load_parts, render
+from shoal.api.batches.parts import NO_RESPONSE, LineOutcome, PartWriter, load_parts, render
 from shoal.api.batches.runner import completion_window_seconds
 from shoal.api.uploads import receive_upload
 from shoal.compat.errors import InvalidRequestError, ModelNotFoundError, PayloadTooLargeError
@@ -74,7 +74,7 @@ async def test_validate_caps_reported_errors_but_counts_them_all() -> None:
 
 
 def test_render_writes_openai_output_lines() -> None:
-    ok = json.loads(render("batch_1", Outcome(4, "x", 200, b'{"object":"list"}')))
+    ok = json.loads(render("batch_1", LineOutcome(4, "x", 200, b'{"object":"list"}')))
     assert ok["custom_id"] == "x"
     assert ok["error"] is None
     assert ok["response"] == {
@@ -83,11 +83,11 @@ def test_render_writes_openai_output_lines() -> None:
         "body": {"object": "list"},
     }
     error = msgspec.json.encode({"code": "batch_expired", "message": "late"})
-    expired = json.loads(render("batch_1", Outcome(5, "y", NO_RESPONSE, error)))
+    expired = json.loads(render("batch_1", LineOutcome(5, "y", NO_RESPONSE, error)))
     assert expired["response"] is None
     assert expired["error"] == {"code": "batch_expired", "message": "late"}
-    assert render("batch_1", Outcome(4, "x", 200, b"{}")) != render(
-        "batch_2", Outcome(4, "x", 200, b"{}")
+    assert render("batch_1", LineOutcome(4, "x", 200, b"{}")) != render(
+        "batch_2", LineOutcome(4, "x", 200, b"{}")
     )
 
 
@@ -156,13 +156,13 @@ async def test_a_cancelled_save_loses_no_line_and_no_part_is_overwritten(tmp_pat
     store = SlowStore(tmp_path)
     writer = PartWriter(store, "batch_x", epoch=1)
     for index in range(3):
-        writer.add(Outcome(index, f"c{index}", 200, b"{}"))
+        writer.add(LineOutcome(index, f"c{index}", 200, b"{}"))
     saving = asyncio.create_task(writer.flush())
     await asyncio.sleep(0.05)
     saving.cancel()
     await asyncio.gather(saving, return_exceptions=True)
     assert [o.index for o in writer.pending] == [0, 1, 2]
-    writer.add(Outcome(3, "c3", 200, b"{}"))
+    writer.add(LineOutcome(3, "c3", 200, b"{}"))
     assert await writer.flush()
     assert writer.pending == []
     saved = [o.index async for part in load_parts(store, "batch_x") for o in part]
@@ -173,6 +173,6 @@ async def test_a_failed_save_keeps_its_lines_pending(tmp_path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     writer = PartWriter(LocalObjectStore(blocked), "batch_y", epoch=1)
-    writer.add(Outcome(0, "c0", 200, b"{}"))
+    writer.add(LineOutcome(0, "c0", 200, b"{}"))
     assert not await writer.flush()
     assert [o.index for o in writer.pending] == [0]
