@@ -10,7 +10,8 @@ import argparse
 import json
 from typing import Any
 
-from .api.keys import ROUTE_GROUPS, hash_key, new_key
+from .api.endpoints import ROUTE_GROUPS
+from .api.keys import hash_key, new_key
 
 __all__ = ["add_keys_command", "run_keys_command"]
 

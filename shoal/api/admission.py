@@ -35,6 +35,7 @@ from typing import Any
 from ..compat.errors import OverloadedError, ShoalError
 from ..config import Settings
 from ..sysmem import memory_limit
+from .endpoints import WORK_GROUPS, route_group
 from .errors import send_error
 from .keys import KeyRing, PermissionDeniedError, Principal
 from .ratelimit import RateLimiter
@@ -48,46 +49,9 @@ __all__ = [
     "current_principal",
     "current_usage",
     "meter_usage",
-    "route_group",
 ]
 
 log = logging.getLogger(__name__)
-
-_PREFIXES = (
-    ("/v1/embeddings", "embeddings"),
-    ("/v1/chat/", "chat"),
-    ("/v1/completions", "completions"),
-    ("/v1/responses", "responses"),
-    ("/v1/models", "models"),
-    ("/v1/files", "files"),
-    ("/v1/batches", "batches"),
-    ("/native/", "native"),
-    ("/v1/ner", "ner"),
-    ("/v1/multivector", "multivector"),
-    ("/v1/rerank", "rerank"),
-    ("/v2/rerank", "rerank"),
-    ("/rerank", "rerank"),
-    ("/v1/score", "rerank"),
-    ("/score", "rerank"),
-    ("/v1/classify", "classify"),
-    ("/v1/sparse", "sparse"),
-    ("/admin/", "admin"),
-)
-_WORK_GROUPS = frozenset(
-    {
-        "embeddings",
-        "chat",
-        "completions",
-        "responses",
-        "native",
-        "ner",
-        "multivector",
-        "rerank",
-        "classify",
-        "sparse",
-    }
-)
-"""Groups whose requests wait on workers: the ones the in-flight bound counts."""
 
 
 class UsageMeter:
@@ -125,14 +89,6 @@ def meter_usage(tokens: int) -> None:
     meter = current_usage.get()
     if meter is not None:
         meter.tokens += tokens
-
-
-def route_group(path: str) -> str | None:
-    """The route group a path belongs to; None for public routes (health, docs)."""
-    for prefix, group in _PREFIXES:
-        if path.startswith(prefix):
-            return group
-    return None
 
 
 class RateLimitedError(ShoalError):
@@ -262,7 +218,7 @@ class AdmissionMiddleware:
         gate = self.gate
         principal: Principal | None = None
         extra: list[tuple[bytes, bytes]] = []
-        counted = group in _WORK_GROUPS
+        counted = group in WORK_GROUPS
         try:
             if gate.keys.enabled:
                 principal = gate.keys.authenticate(_header(scope, b"authorization"))

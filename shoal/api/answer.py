@@ -17,23 +17,17 @@ import msgspec
 from litestar import Response
 from litestar.response import Stream
 
-from ..compat.classify import ClassifyRequest
 from ..compat.errors import ShoalError
 from ..compat.extensions import ShoalOptions
 from ..compat.jobs import Envelope
-from ..compat.multivector import MultiVectorRequest
-from ..compat.ner import NerRequest
-from ..compat.openai import EmbeddingRequest
 from ..compat.openai.chat import ChatCompletionRequest
 from ..compat.openai.completions import CompletionRequest
 from ..compat.openai.responses import ResponseRequest
-from ..compat.rerank import CohereRerankRequest, RerankRequest
-from ..compat.score import ScoreRequest
-from ..compat.sparse import SparseRequest
 from ..config import GatewaySettings
 from ..model_registry import ModelSpec
 from ..queue import Job
 from ..queue.messages import Result
+from .endpoints import batchable
 from .gateway import Gateway, Target
 from .generation import Generation
 
@@ -148,16 +142,13 @@ async def _collect(gateway: Gateway, request: GenerationRequest) -> msgspec.Stru
     return await request.collect(start_generation(gateway, request))
 
 
+def _endpoint(request: type[msgspec.Struct]) -> Endpoint:
+    if request in (ChatCompletionRequest, CompletionRequest, ResponseRequest):
+        return Endpoint(request, "generate", _collect, streams=True)
+    return Endpoint(request, request.op, _answer_body)  # type: ignore[attr-defined]
+
+
 BATCH_ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/chat/completions": Endpoint(ChatCompletionRequest, "generate", _collect, streams=True),
-    "/v1/completions": Endpoint(CompletionRequest, "generate", _collect, streams=True),
-    "/v1/responses": Endpoint(ResponseRequest, "generate", _collect, streams=True),
-    "/v1/embeddings": Endpoint(EmbeddingRequest, EmbeddingRequest.op, _answer_body),
-    "/v1/rerank": Endpoint(RerankRequest, RerankRequest.op, _answer_body),
-    "/v2/rerank": Endpoint(CohereRerankRequest, CohereRerankRequest.op, _answer_body),
-    "/v1/score": Endpoint(ScoreRequest, ScoreRequest.op, _answer_body),
-    "/v1/ner": Endpoint(NerRequest, NerRequest.op, _answer_body),
-    "/v1/multivector": Endpoint(MultiVectorRequest, MultiVectorRequest.op, _answer_body),
-    "/v1/classify": Endpoint(ClassifyRequest, ClassifyRequest.op, _answer_body),
-    "/v1/sparse": Endpoint(SparseRequest, SparseRequest.op, _answer_body),
+    path: _endpoint(request) for path, request in batchable().items()
 }
+"""The routes a batch line may name (endpoints.py lists them)."""

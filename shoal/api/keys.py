@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ..compat.errors import ShoalError
 from ..config import ApiKey, AuthSettings, Settings, read_keys
+from .endpoints import ROUTE_GROUPS
 
 __all__ = [
-    "ROUTE_GROUPS",
     "AuthenticationError",
     "KeyRing",
     "PermissionDeniedError",
@@ -26,22 +26,6 @@ __all__ = [
     "new_key",
 ]
 
-ROUTE_GROUPS = (
-    "embeddings",
-    "chat",
-    "completions",
-    "responses",
-    "models",
-    "files",
-    "batches",
-    "native",
-    "ner",
-    "multivector",
-    "rerank",
-    "classify",
-    "sparse",
-)
-"""The route groups a key's `routes` may name; `admin` is granted by `admin = true`."""
 
 _KEY_PREFIX = "sk-shoal-"
 

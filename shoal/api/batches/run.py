@@ -15,9 +15,10 @@ from ...compat.errors import InternalError, ShoalError
 from ...compat.openai.batches import BatchError, BatchErrors, RequestCounts
 from ...config import BatchSettings
 from ...queue.objects import ObjectStoreError
-from ..admission import Admission, current_principal, route_group
+from ..admission import Admission, current_principal
 from ..answer import BATCH_ENDPOINTS
 from ..batch_store import BatchRecord, BatchStore, LeaseLostError
+from ..endpoints import route_group
 from .lines import InputLine, LineError, TooLong, check_line, custom_id_of, input_lines, validate
 from .packing import Pack, PackedLine, packed_line
 from .parts import NO_RESPONSE, LineOutcome, PartWriter, load_parts, part_prefix, render
