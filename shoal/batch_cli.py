@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from .config import client_api_key
+
 __all__ = ["add_batch_commands", "run_batch_command"]
 
 _FINAL = {"completed", "failed", "cancelled", "expired"}
@@ -26,8 +28,7 @@ class BatchCliError(Exception):
 
 def add_batch_commands(sub: Any) -> None:
     batch = sub.add_parser("batch", help="submit and follow batch jobs (OpenAI Batches API)")
-    batch.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
-    batch.add_argument("--api-key", default="", help="sent as a Bearer token")
+    _connection(batch, "http://127.0.0.1:8000", client_api_key())
     actions = batch.add_subparsers(dest="action", required=True)
     submit = actions.add_parser("submit", help="upload a JSONL file and create a batch")
     submit.add_argument("input", type=Path)
@@ -43,6 +44,16 @@ def add_batch_commands(sub: Any) -> None:
     download = actions.add_parser("download", help="save a batch's output (and errors)")
     download.add_argument("batch_id")
     download.add_argument("--output", type=Path)
+    for action in (submit, listing, download, *(actions.choices[n] for n in ("status", "cancel"))):
+        # Before or after the action alike: `shoal batch status ID --url U` works too.
+        _connection(action, argparse.SUPPRESS, argparse.SUPPRESS)
+
+
+def _connection(parser: argparse.ArgumentParser, url: str, api_key: str) -> None:
+    parser.add_argument("--url", default=url, help="gateway base URL")
+    parser.add_argument(
+        "--api-key", default=api_key, help="sent as a Bearer token (default: $SHOAL_API_KEY)"
+    )
 
 
 def run_batch_command(args: argparse.Namespace) -> int:

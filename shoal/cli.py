@@ -1,4 +1,4 @@
-"""The `shoal` command: serve | gateway | worker | batch | embed | keys."""
+"""The `shoal` command: serve | gateway | worker | batch | embed | keys | tune."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from .client import Client, ShoalAPIError
 from .client.clients import DEFAULT_URL
 from .client.sinks import Sink, SinkError, open_sink
 from .client.sources import FORMATS, Source, SourceError
+from .config import client_api_key
 
 __all__ = ["add_embed_command", "run_embed_command"]
 
@@ -51,7 +52,11 @@ def add_embed_command(sub: Any) -> None:
     p.add_argument("--id", dest="id_field", help="a field or column to keep as Parquet's `id`")
     p.add_argument("--format", choices=FORMATS, help="the input's format (default: by suffix)")
     p.add_argument("--url", default=DEFAULT_URL, help="gateway base URL")
-    p.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    p.add_argument(
+        "--api-key",
+        default=client_api_key() or None,
+        help="sent as a Bearer token (default: $SHOAL_API_KEY)",
+    )
     p.add_argument("--batch-size", type=int, default=256, help="texts per request")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32")

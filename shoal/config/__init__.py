@@ -5,7 +5,7 @@ module that reads the environment.
 """
 
 from .access import ApiKey, AuthSettings, GatewaySettings
-from .load import default_data_dir, load_settings, read_keys
+from .load import client_api_key, default_data_dir, load_settings, read_keys
 from .nats import NatsSettings
 from .settings import Settings, TelemetrySettings
 from .storage import BatchSettings, ObjectStoreSettings, S3Settings
@@ -23,6 +23,7 @@ __all__ = [
     "Settings",
     "TelemetrySettings",
     "WorkerSettings",
+    "client_api_key",
     "default_data_dir",
     "load_settings",
     "read_keys",

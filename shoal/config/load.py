@@ -22,9 +22,16 @@ import msgspec
 from .access import ApiKey
 from .settings import Settings
 
-__all__ = ["default_data_dir", "load_settings", "read_keys"]
+__all__ = ["client_api_key", "default_data_dir", "load_settings", "read_keys"]
 
 ENV_PREFIX = "SHOAL_"
+
+
+def client_api_key(env: Mapping[str, str] | None = None) -> str:
+    """The key the command-line clients (`shoal embed`, `shoal batch`) send when none is
+    given: `SHOAL_API_KEY`, so that it stays out of the shell's history."""
+    env = os.environ if env is None else env
+    return env.get(f"{ENV_PREFIX}API_KEY", "")
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
