@@ -10,7 +10,9 @@ underscore: `SHOAL_GATEWAY__REQUEST_TIMEOUT=5`, `SHOAL_NATS__URL=nats://10.0.0.2
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -25,6 +27,10 @@ from .settings import Settings
 __all__ = ["client_api_key", "default_data_dir", "load_settings", "read_keys"]
 
 ENV_PREFIX = "SHOAL_"
+_NOT_SETTINGS = frozenset({f"{ENV_PREFIX}API_KEY"})
+"""`SHOAL_*` variables read elsewhere (the command-line clients' key), not settings."""
+
+log = logging.getLogger(__name__)
 
 
 def client_api_key(env: Mapping[str, str] | None = None) -> str:
@@ -91,14 +97,16 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
     sections = {
         f.name: f.type for f in msgspec.structs.fields(Settings) if isinstance(f.type, type)
     }
+    unknown: list[str] = []
     for key, value in env.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) or key in _NOT_SETTINGS:
             continue
         path = key[len(ENV_PREFIX) :].lower().split("__")
         target = raw
         struct: Any = Settings
         for part in path[:-1]:
             if part not in sections:
+                unknown.append(key)
                 break
             target = target.setdefault(part, {})
             struct = sections[part]
@@ -106,7 +114,8 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
             names = {f.name: f for f in msgspec.structs.fields(struct)}
             field = names.get(path[-1])
             if field is None:
-                continue  # SHOAL_* variables that are not settings belong to other tools
+                unknown.append(key)
+                continue
             is_list = getattr(field.type, "__origin__", None) is list
             if is_list and value.lstrip().startswith("["):
                 target[path[-1]] = json.loads(value)  # a list of tables (API keys)
@@ -114,3 +123,21 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
                 target[path[-1]] = [v for v in value.split(",") if v]
             else:
                 target[path[-1]] = value
+    for key in unknown:  # a typo would otherwise leave the default in force, unsaid
+        near = difflib.get_close_matches(key, _setting_variables(sections), n=1, cutoff=0.8)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        log.warning("%s is not a Shoal setting and is ignored%s", key, hint)
+
+
+def _setting_variables(sections: Mapping[str, Any]) -> list[str]:
+    """Every `SHOAL_*` variable that sets something."""
+    names = []
+    for f in msgspec.structs.fields(Settings):
+        if issubclass(sections.get(f.name, str), msgspec.Struct):
+            names += [
+                f"{ENV_PREFIX}{f.name}__{g.name}".upper()
+                for g in msgspec.structs.fields(sections[f.name])
+            ]
+        else:
+            names.append(f"{ENV_PREFIX}{f.name}".upper())
+    return names

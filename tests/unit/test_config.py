@@ -1,3 +1,4 @@
+import logging
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,24 @@ def test_nats_secrets_stay_out_of_reprs() -> None:
     assert settings.nats.display_url == "nats://a:***@n1:4222,nats://***@n2:4222"
     assert "user='shoal'" in repr(settings.nats) and "password='***'" in repr(settings.nats)
     assert load_settings(env={}).nats.display_url == "nats://127.0.0.1:4222"
+
+
+def test_a_mistyped_variable_is_named_in_a_warning_with_the_setting_it_resembles(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {
+        "SHOAL_GATEWAY__PROT": "9100",
+        "SHOAL_GATWAY__PORT": "9100",
+        "SHOAL_API_KEY": "sk-shoal-x",  # the clients' key: not a setting, not warned of
+        "SHOAL_GATEWAY__PORT": "9200",
+    }
+    with caplog.at_level(logging.WARNING, logger="shoal.config.load"):
+        settings = load_settings(env=env)
+    assert settings.gateway.port == 9200
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == [
+        "SHOAL_GATEWAY__PROT is not a Shoal setting and is ignored "
+        "(did you mean SHOAL_GATEWAY__PORT?)",
+        "SHOAL_GATWAY__PORT is not a Shoal setting and is ignored "
+        "(did you mean SHOAL_GATEWAY__PORT?)",
+    ]
