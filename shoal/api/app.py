@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
@@ -15,6 +16,7 @@ from litestar.di import Provide
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.static_files import create_static_files_router
 
 from .. import __version__
 from ..config import Settings
@@ -98,6 +100,16 @@ def _cors(settings: Settings) -> CORSConfig | None:
     )
 
 
+_DOCS_ASSETS = "/docs-assets"
+
+
+def swagger_ui_assets() -> Path:
+    """Swagger UI's files, as the `swagger-ui-py` wheel ships them."""
+    import swagger_ui
+
+    return Path(swagger_ui.__file__).parent / "static"
+
+
 def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litestar:
     """The gateway app; `stop`, once set, ends its start-up wait for NATS."""
     observer = Observer()
@@ -122,6 +134,9 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             FilesController,
             BatchesController,
             StatusController,
+            create_static_files_router(
+                _DOCS_ASSETS, [swagger_ui_assets()], include_in_schema=False
+            ),
         ],
         dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
         lifespan=[_lifespan(settings, stop, admission)],
@@ -141,7 +156,16 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             title="Shoal",
             version=__version__,
             path="/docs",
-            render_plugins=[SwaggerRenderPlugin()],
+            # Served from the gateway itself, not a CDN: /docs works offline and on an
+            # air-gapped cluster.
+            render_plugins=[
+                SwaggerRenderPlugin(
+                    js_url=f"{_DOCS_ASSETS}/swagger-ui-bundle.js",
+                    css_url=f"{_DOCS_ASSETS}/swagger-ui.css",
+                    standalone_preset_js_url=f"{_DOCS_ASSETS}/swagger-ui-standalone-preset.js",
+                    favicon=f'<link rel="icon" href="{_DOCS_ASSETS}/favicon-32x32.png">',
+                )
+            ],
         ),
         debug=False,
     )
