@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import msgspec
 
 from .config import Settings
@@ -160,6 +161,36 @@ def _children(config: Path, settings: Settings, topology: Topology) -> list[Chil
     return children
 
 
+class ReadyWatch:
+    """Says in the log when the gateway is ready and for which models, as each more comes
+    (a generation model's first start exports it: a minute or more after the encoders).
+    Asks `/ready` at most once a second, and only for `watch_s` after the start."""
+
+    def __init__(self, base: str, watch_s: float = 900.0) -> None:
+        self._url = f"{base}/ready"
+        self._base = base
+        self._until = time.monotonic() + watch_s
+        self._next = 0.0
+        self._models: set[str] = set()
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now < self._next or now > self._until:
+            return
+        self._next = now + 1.0
+        try:
+            answer = httpx.get(self._url, timeout=0.5)
+            models = set(answer.json()["ready_models"]) if answer.status_code == 200 else set()
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return  # not listening yet
+        if models - self._models:
+            self._models |= models
+            log.info(
+                "shoal: ready on %s: %s (try %s/docs)",
+                self._base, ", ".join(sorted(self._models)), self._base,
+            )  # fmt: skip
+
+
 def serve(settings: Settings, topology: Topology | None = None) -> int:
     """Run until SIGINT/SIGTERM or until a child dies; returns the exit status."""
     topology = topology or Topology()
@@ -194,21 +225,27 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
         children += _children(config, settings, topology)
         starting = False
         g = settings.gateway
+        generation = ", a generation worker" if settings.serve_generation else ""
         log.info(
-            "shoal: %s on http://%s:%s (NATS %s, %d encoder worker(s), data in %s); Ctrl-C stops",
+            "shoal: %s on http://%s:%s (NATS %s, %d encoder worker(s)%s, data in %s); Ctrl-C stops",
             "gateway" if topology.gateways == 1 else "gateways",
             g.host,
             ",".join(str(g.port + i) for i in range(topology.gateways)),
             nats.url,
             topology.workers,
+            generation,
             data_dir,
         )
+        local = "127.0.0.1" if g.host in ("0.0.0.0", "::", "") else g.host
+        local = f"[{local}]" if ":" in local else local
+        ready = ReadyWatch(f"http://{local}:{g.port}")
         while not stop_asked_at:
             dead = [c for c in children if not c.alive()]
             if dead:
                 log.error("%s exited with %s; stopping", dead[0].name, dead[0].process.returncode)
                 status = 1
                 break
+            ready.poll()
             time.sleep(0.2)
     except Stopped:
         log.info("shoal: stopped while starting")

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from shoal.queue.embedded import free_port
-from tests.helpers import cache_env, stop_with_ctrl_c, wait_ready
+from tests.helpers import cache_env, stop_with_ctrl_c, wait_ready, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +44,12 @@ def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, mode
         assert stat.S_IMODE(settings.stat().st_mode) == 0o600
         for private in (tmp_path / "data", tmp_path / "data" / "run"):
             assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
+        # The log says when it is ready, and for which models (asked once a second).
+        line = f"shoal: ready on http://127.0.0.1:{port}: ".encode()
+        logged = lambda: (tmp_path / "serve.log").read_bytes()  # noqa: E731
+        wait_until(lambda: line in logged(), 5, None, "the log's ready line")
+        assert model_name.encode() in logged().split(line, 1)[1].split(b"\n")[0]
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
         response = client.embeddings.create(model=model_name, input=["hello", "world"])

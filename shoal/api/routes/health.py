@@ -1,9 +1,11 @@
-"""GET /health (the process is alive) and GET /ready (a request would be served now)."""
+"""GET /health (the process is alive), GET /ready (a request would be served now), and
+GET / (to the API docs, for whoever opens the gateway's address in a browser)."""
 
 from __future__ import annotations
 
 import msgspec
 from litestar import Controller, Response, get
+from litestar.response import Redirect
 
 from ..gateway import GatewayDep
 
@@ -23,6 +25,10 @@ class Readiness(msgspec.Struct):
 
 class HealthController(Controller):
     tags = ["Health"]
+
+    @get("/", include_in_schema=False)
+    async def index(self) -> Redirect:
+        return Redirect("/docs")
 
     @get("/health", summary="Liveness")
     async def health(self) -> Health:

@@ -23,3 +23,6 @@ def test_the_api_docs_load_everything_from_the_gateway() -> None:
         served = client.get(asset)
         assert served.status_code == 200 and len(served.content) > 1000, asset
     assert client.get("/docs/openapi.json").json()["openapi"].startswith("3.1")
+    # Whoever opens the gateway's address in a browser lands on them.
+    root = client.get("/", follow_redirects=False)
+    assert (root.status_code, root.headers["location"]) == (302, "/docs")
