@@ -64,10 +64,9 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """Speculative decoding of a lone greedy sequence on the OpenVINO runtime: the
     model's int8 copy drafts this many tokens and the full model checks them in one
     pass, keeping the ones it would have picked itself (the answer is the full model's;
-    ~1.4x one stream's tokens/s on a 2-core EPYC). Only while that sequence is the only
-    one. Its pipeline stays loaded (~1 GB more); in one session's runs there 8-32 streams
-    were 3-10% slower with it loaded, in a later session's not at all
-    (perf/results/README.md): 0 (off) saves the memory on a worker that is always busy."""
+    its gain on one stream is in perf/results/README.md). Only while that sequence is the
+    only one. Its pipeline stays loaded (about 1 GB more): 0 (off) saves the memory on a
+    worker that is always busy."""
     openvino_cache_gb: float = 1.0
     """The OpenVINO runtime's KV cache per model, in GB (paged: shared by every running
     sequence)."""

@@ -243,7 +243,7 @@ class Dispatcher:
         (batch-lane work is meant to wait)."""
         wait = self.backlog.wait_for(model)
         # A margin for the estimate's error (it lags a sudden burst): work admitted at the
-        # edge mostly times out (perf/overload.py measured 80% vs 60%).
+        # edge mostly times out (perf/overload.py measures both).
         allowed = 0.6 * (deadline - time.time())
         if wait > allowed:
             raise BacklogTooLongError(model, wait, retry_after=max(1.0, wait - allowed))

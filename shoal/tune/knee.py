@@ -196,9 +196,8 @@ async def find_knee(
 
     Each step gets its own client (the closed-loop probes share one): httpx's pool keeps
     every connection an overloaded step opened, and its bookkeeping over them then costs
-    the load generator most of a core on every later request (measured: a step at 0.8x
-    capacity after one at 1.3x answered half its load with a p50 of 5 s, the generator
-    at 0.88 cores, the server idle; with a fresh client, all of it at 62 ms).
+    the load generator most of a core on every later request: a step below capacity
+    after an overloaded one then measured the generator, not the server.
     """
     knee = Knee()
     async with load.client() as client:  # closed loops: never more than 16 connections

@@ -22,7 +22,7 @@ a batch's inputs are packed into rows (adapters/_packing.py: on a CPU, whatever 
 engine) padding costs little either way, yet the choice and the padded cost still pay:
 they keep passages with passages and queries with queries, so queries pack into narrow
 rows whose attention is cheap. On one passage per seven queries, costing packed batches
-by their tokens instead ran 0.93-0.97x (perf/results, "How close the engine runs"). And
+by their tokens instead ran slower (perf/results, "How close the engine runs"). And
 the choice serves the padded paths (a GPU, left-padded tokenizers, models whose packing
 check failed).
 """

@@ -5,21 +5,19 @@ float32 torch) and `engine = "openvino"` keep the adapter's torch model (LoRA ad
 the ops without a graph still run there) and convert its main forward once, at load, into
 an OpenVINO model with dynamic batch and length. OpenVINO fuses the graph for the CPU and, with
 `dtype = "bfloat16"` where the CPU has native bf16, runs it in bf16 (AMX or AVX512-BF16):
-on MiniLM it measured 1.3x torch's bf16 autocast at the same cosine to float32 (0.9999+,
-perf/results/README.md).
+faster than torch's bf16 autocast at the same cosine to float32 (perf/results/README.md).
 
 OpenVINO fixes its thread count when it compiles, and the worker changes a forward's
 threads between lanes (batch-lane passes take half while live traffic is about), so a
-compiled model is made per thread count on first use (0.2-1 s for MiniLM) and kept.
+compiled model is made per thread count on first use (well under a second) and kept.
 
-Under load the worker runs two passes at once (`side_by_side`): one compiled model with two
-streams of half the threads each, one infer request per forward thread. On a CPU shared
-with the gateway, NATS and clients, a pass on all threads waits at every layer for its
-slowest thread, and a thread preempted by another process stalls them all; two passes of
-one thread each lose only their own time. Measured on MiniLM, short texts, batches of 32,
-2 cores beside a process busy ~45% of one core: 1.33x the texts/s of one 2-thread pass
-(1.03x on an idle machine). Two separately compiled 1-thread models instead share one
-core (OpenVINO pins each to the first), at half the speed.
+Under load the worker runs two passes at once (`side_by_side`): one compiled model with
+two streams of half the threads each, one infer request per forward thread. On a CPU
+shared with the gateway, NATS and clients, a pass on all threads waits at every layer for
+its slowest thread, and a thread preempted by another process stalls them all; two passes
+of one thread each lose only their own time (measured in perf/results/README.md: a gain
+beside a busy process, about none on an idle machine). Two separately compiled 1-thread
+models instead share one core (OpenVINO pins each to the first), at half the speed.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Packed rows: several inputs share one row of a batch, each attending only to itself.
 
 A padded batch computes every row to its longest input. Short texts of mixed lengths
-(queries of 10-30 tokens) waste about a third of the work that way: MiniLM on a 2-core
-EPYC ran batches of requests as they come at 0.70x its speed on batches sorted by length
-over the whole set (320 against 455 texts/s). A server cannot sort over requests it has not
-seen, but it can pack: inputs are laid end to end in rows of one width, each with its own
-position ids from 0, and a block-diagonal attention mask keeps each input to its own
-tokens. The model then computes what it would for each input alone (the guard at load
-checks it against float32 torch on padded batches), on almost no padding; attention over
-the wider rows costs `width / (2 * hidden + intermediate)` of the matmuls per token (3%
-for MiniLM at width 64).
+(queries of 10-30 tokens) waste about a third of the work that way (batches of requests as
+they come against batches sorted by length over the whole set: perf/results). A server
+cannot sort over requests it has not seen, but it can pack: inputs are laid end to end in
+rows of one width, each with its own position ids from 0, and a block-diagonal attention
+mask keeps each input to its own tokens. The model then computes what it would for each
+input alone (the guard at load checks it against float32 torch on padded batches), on
+almost no padding; attention over the wider rows costs `width / (2 * hidden +
+intermediate)` of the matmuls per token (3% for MiniLM at width 64).
 
 This is for encoders with absolute or rotary positions taken from `position_ids` (from 0,
 or from padding_idx + 1 as RoBERTa numbers them) and an attention mask honoured as given

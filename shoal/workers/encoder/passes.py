@@ -2,17 +2,17 @@
 side by side (each in an engine stream of its own).
 
 Alone is best at low load: one batch gets every thread, so a request waits least. Under
-load on a CPU that other processes share (the gateway, nats-server, clients), a pass on all
-threads stalls at every layer whenever one of its threads is preempted; two passes of one
-thread each keep going (MiniLM, 2 cores, beside bursts of ~45% of a core: 1.33x the
-texts/s, _openvino.py). So the planner follows how busy the forward passes have kept the
-worker lately (their compute only: a pass's answers are sent after it): past `enter` it
-pairs passes, below `leave` it goes back to one at a time; the gap keeps it from flapping
-at the boundary. `enter` is high because a pass beside nothing runs on half the threads:
-at half the knee, pairing doubled the p50 (62 against 39 ms, short texts, 2 cores). While
-pairing, a pass computing beside nothing counts 0.5: the work a pass alone would do in
-half the time; so `leave` is above 0.5, or one pass at a time on one stream would look
-busy enough to stay paired at half the knee (measured: p50 51 ms there, 37 alone).
+load on a CPU that other processes share (the gateway, nats-server, clients), a pass on
+all threads stalls at every layer whenever one of its threads is preempted; two passes of
+one thread each keep going (measured in perf/results/README.md). So the planner follows
+how busy the forward passes have kept the worker lately (their compute only: a pass's
+answers are sent after it): past `enter` it pairs passes, below `leave` it goes back to
+one at a time; the gap keeps it from flapping at the boundary. `enter` is high because a
+pass beside nothing runs on half the threads: at half the knee, pairing measured about
+twice the p50 of one pass at a time. While pairing, a pass computing beside nothing counts
+0.5: the work a pass alone would do in half the time; so `leave` is above 0.5, or one pass
+at a time on one stream would look busy enough to stay paired at half the knee (and pay
+that p50).
 
 A pass beside another takes half the batch token budget: on half the threads it then ends
 about when a full batch alone would, so a request queued behind it waits no longer than

@@ -34,7 +34,7 @@ Speculative decoding (`generator.openvino_draft_tokens`, 4 by default): where th
 weights serve, a greedy sequence that runs alone is decoded by a second pipeline in the
 same process, where the model's int8 export drafts tokens and the float32 model checks
 them (openvino_host.py says how, and how the sequence moves to the main batch once
-another arrives); one stream runs ~1.4x faster on a 2-core EPYC. Narrower served weights
+another arrives; one stream's gain is in perf/results/README.md). Narrower served weights
 read fewer bytes than that draft, so they are not drafted.
 
 The IR is exported once (openvino_export.py) and cached in the cache dir.

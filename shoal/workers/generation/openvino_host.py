@@ -11,8 +11,8 @@ Speculative decoding for a lone sequence: one sequence reads every weight per to
 a single stream is bound by memory bandwidth. Where the runtime gives a draft (the same
 model with int8 weights), a second pipeline runs it as GenAI's assisted generation: the
 draft proposes `tokens` tokens, the full model checks them in one pass and keeps the ones
-it would have picked itself, so a greedy answer is the full model's (SmolLM2-135M on a
-2-core EPYC: 1.4x one stream's tokens/s). Checking drafts costs compute a batch needs,
+it would have picked itself, so a greedy answer is the full model's (its gain on one
+stream: perf/results/README.md). Checking drafts costs compute a batch needs,
 and that pipeline takes only assisted requests, so it serves a sequence only while it is
 the only one: a request that may be assisted (greedy, no penalties, no schema: the
 runtime decides) goes there when nothing else runs, and as soon as any other sequence
