@@ -20,7 +20,6 @@ OVER_SOFT_LIMIT = {
     "workers/core/worker.py",
     "workers/encoder/worker.py",
     "workers/generation/openvino.py",
-    "workers/generation/worker.py",
 }
 
 

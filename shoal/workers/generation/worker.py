@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -31,8 +30,9 @@ from ...queue import Bus, Delivery
 from ...queue.messages import ChoiceDelta, GenerateChunk, GenerateJob, Job, TokenLogprob, encode
 from ...queue.payloads import PayloadStore
 from ..core import Held, Outcome, Worker, WorkerKind
-from ..observe import WorkerMetrics, record_job_spans
+from ..observe import WorkerMetrics
 from .engine import SequenceRequest, TokenEvent
+from .running import LiveDemand, Running, record_spans
 from .runtime import GenerationRuntime, TransformersRuntime
 
 __all__ = ["GenerationKind", "GenerationWorker"]
@@ -44,63 +44,6 @@ BATCH_FLUSH_S = 1.0
 nobody watches a batch line's text arrive, and one message per engine step per sequence
 (~360/s at 32 sequences here) costs the gateway and NATS CPU on the cores the engine runs
 on."""
-
-
-class Running(Held):
-    """A generation job on this worker: its sequences' progress and its stream's state."""
-
-    __slots__ = (
-        "attempt",
-        "completion_tokens",
-        "first_token_at",
-        "flushed_at",
-        "key",
-        "last_token_at",
-        "open",
-        "pending",
-        "prompt_tokens",
-        "seq",
-    )
-
-    def __init__(self, delivery: Delivery, job: Job, batch_lane: bool) -> None:
-        super().__init__(delivery, job, batch_lane)
-        self.key = f"{job.request_id}.{secrets.token_hex(3)}"
-        self.attempt = secrets.token_hex(6)
-        """Names this delivery's stream: the gateway tells a regeneration from a repeat."""
-        self.seq = 0
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        n = getattr(job, "n", 1)
-        self.open = set(range(job.first_index, job.first_index + n))
-        """Choices still generating."""
-        self.first_token_at = self.last_token_at = 0.0
-        self.pending: list[ChoiceDelta] = []
-        """A batch-lane job's deltas not yet published (see `BATCH_FLUSH_S`)."""
-        self.flushed_at = time.monotonic()
-
-
-class LiveDemand:
-    """How many free slots batch work leaves to live requests: one more than the most live
-    sequences running at once in the last `window` seconds, at most `cap` (a quarter of the
-    slots; one at least). A fixed quarter (the earlier rule) held 8 of 32 slots idle under a
-    batch job with one live stream; this keeps the spare that live traffic has shown it
-    needs, and gives the rest back after `window` seconds without it."""
-
-    def __init__(self, cap: int, window: float = 10.0, clock=time.monotonic) -> None:
-        self.cap = max(1, cap)
-        self.window = window
-        self._clock = clock
-        self._peak = 0
-        self._peak_at = -window
-
-    def note(self, live: int) -> None:
-        """`live` sequences run now; called at each admission and each pull."""
-        now = self._clock()
-        if live >= self._peak or now - self._peak_at > self.window:
-            self._peak, self._peak_at = live, now
-
-    def spare(self) -> int:
-        return min(self.cap, self._peak + 1)
 
 
 class _Model:
@@ -403,7 +346,7 @@ class GenerationKind(WorkerKind):
             self._jobs.pop(running.key, None)
             await self.core.settle(running, Outcome.ANSWERED)
             if running.trace is not None:
-                _record_spans(running, model.spec.id)
+                record_spans(running, model.spec.id)
 
     def _note_tokens(self, model: _Model, running: Running, generated: int) -> None:
         """Time to first token (from publish, as the client waits) and between tokens."""
@@ -449,21 +392,3 @@ async def _stop_runtimes(runtimes: list[GenerationRuntime], within: float = 3.0)
         for task in done:
             if task.exception() is not None:
                 log.warning("stopping a runtime failed: %r", task.exception())
-
-
-def _record_spans(running: Running, model: str) -> None:
-    assert running.trace is not None
-    job = running.job
-    attributes = {"shoal.model": model, "shoal.op": "generate", "shoal.request_id": job.request_id}
-    decode = {"shoal.completion_tokens": running.completion_tokens}
-    record_job_spans(
-        running.trace,
-        running.delivery.published_at,
-        running.pulled_at,
-        running.last_token_at,
-        attributes,
-        [
-            ("shoal.generate.first_token", running.pulled_at, running.first_token_at, {}),
-            ("shoal.generate.decode", running.first_token_at, running.last_token_at, decode),
-        ],
-    )

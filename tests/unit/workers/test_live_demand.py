@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.workers.generation.worker import LiveDemand
+from shoal.workers.generation.running import LiveDemand
 
 
 class Clock:
