@@ -3,6 +3,7 @@
 from .held import Held
 from .kind import Core, WorkerKind
 from .outcomes import SETTLE, Outcome, Settlement
-from .worker import Served, Worker
+from .served import Served
+from .worker import Worker
 
 __all__ = ["SETTLE", "Core", "Held", "Outcome", "Served", "Settlement", "Worker", "WorkerKind"]

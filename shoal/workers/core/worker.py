@@ -36,14 +36,15 @@ from ...queue.errors import PayloadStoreError
 from ...queue.messages import ErrorKind, Reply, encode
 from ...queue.payloads import PayloadStore, open_payload_store
 from ...queue.provision import ensure_consumer, ensure_work_stream
-from ...queue.source import Delivery, WorkSource
+from ...queue.source import Delivery
 from .cancels import CancelledRequests
 from .held import Held
 from .intake import read_job
 from .kind import WorkerKind
 from .outcomes import SETTLE, Outcome
+from .served import Served, close_sources, tell_queue
 
-__all__ = ["Served", "Worker"]
+__all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +55,6 @@ _BATCH_LANE_POLL = 0.02
 live traffic, which no event announces."""
 _PARAM_OF = {ErrorKind.INVALID_INPUT: "input", ErrorKind.NOT_FOUND: "model"}
 """The request field a failure names, unless the kind names another."""
-
-
-class Served:
-    """A model the core serves: its spec and its two lanes' sources and pull tasks."""
-
-    __slots__ = ("batch_source", "pulls", "source", "spec")
-
-    def __init__(self, spec: ModelSpec, source: WorkSource, batch_source: WorkSource) -> None:
-        self.spec = spec
-        self.source = source
-        self.batch_source = batch_source
-        """The low-priority batch lane, pulled only into room live work leaves."""
-        self.pulls: list[asyncio.Task] = []
 
 
 class Worker:
@@ -142,7 +130,7 @@ class Worker:
             for held in list(self.held.values()):
                 await self.settle(held, Outcome.RETURNED)
             for served in self.models.values():
-                await _close(served)
+                await close_sources(served)
             await self.kind.stop()
             heartbeat.cancel()
             self._state = "stopping"
@@ -211,7 +199,7 @@ class Worker:
         await asyncio.gather(*served.pulls, return_exceptions=True)
         for held in [h for h in self.held.values() if h.job.model == model]:
             await self.settle(held, Outcome.RETURNED)
-        await _close(served)
+        await close_sources(served)
         await self.kind.remove_model(model)
         log.info("stopped serving %s", model)
 
@@ -334,7 +322,7 @@ class Worker:
                 param=param if param is not None else _PARAM_OF.get(rule.failure, ""),
             )
             await self.publish(held, encode(failure))
-        await _tell_queue(held, action, delay)
+        await tell_queue(held, action, delay)
 
     def release(self, held: Held) -> None:
         """Stop holding `held` (it is settled, or about to be): its room is free again."""
@@ -394,21 +382,3 @@ class Worker:
             await self.bus.publish(self.subjects.heartbeat, encode(beat))
         except Exception as exc:
             log.debug("heartbeat failed: %r", exc)
-
-
-async def _tell_queue(held: Held, action: str, delay: float) -> None:
-    try:
-        if action == "ack":
-            await held.delivery.ack()
-        elif action == "term":
-            await held.delivery.term()
-        elif action == "nak":
-            await held.delivery.nak(delay)
-    except Exception as exc:  # the server redelivers it after ack_wait
-        log.warning("could not %s %s: %r", action, held.request_id, exc)
-
-
-async def _close(served: Served) -> None:
-    for source in (served.source, served.batch_source):
-        with contextlib.suppress(Exception):
-            await source.close()
