@@ -130,7 +130,7 @@ def _candidate(profile: BatchProfile, cores: int, generate: bool) -> dict[str, A
 def _fast_dtypes(device: str) -> tuple[str, ...]:
     """bf16 joins float32 where the worker would serve it as asked (a GPU, or a CPU with
     native bf16)."""
-    from ..workers.adapters._torch import runs_natively
+    from ..workers.adapters.cpu import runs_natively
 
     return tuple(d for d in ("float32", "bfloat16") if runs_natively(d, device))
 

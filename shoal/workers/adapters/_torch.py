@@ -4,10 +4,8 @@ lets go."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,36 +14,14 @@ import torch
 from ._guard import EXACT_FLOOR, PROBE_TEXTS, QUALITY_FLOOR, worst_cosine
 from ._packing import PackedGraph, pack, packed_inputs
 from .base import EncoderAdapter, Tokenized, pad_batch
+from .cpu import runs_natively
 
 if TYPE_CHECKING:
     from ._openvino import OpenVinoGraph
 
-__all__ = ["Graph", "TorchAdapter", "cpu_has_native_bf16", "runs_natively"]
+__all__ = ["Graph", "TorchAdapter"]
 
 log = logging.getLogger(__name__)
-
-_NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-
-
-@functools.cache
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Without it oneDNN
-    emulates bf16 and runs slower than float32, so Shoal keeps float32 there."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return bool(_NATIVE_BF16_FLAGS & set(line.split(":", 1)[1].split()))
-    return False
-
-
-def runs_natively(dtype: str, device: str) -> bool:
-    """Whether a profile's `dtype` is served as asked on `device`: a GPU casts the weights;
-    a CPU runs bf16 under autocast only where it multiplies bf16 natively, and float32
-    otherwise (see `TorchAdapter._set_precision`)."""
-    return dtype == "float32" or device != "cpu" or (dtype == "bfloat16" and cpu_has_native_bf16())
 
 
 class Graph(torch.nn.Module):

@@ -19,7 +19,7 @@ from perf.texts import load
 from shoal.model_registry import ModelRegistry, ModelSpec
 from shoal.queue.messages import NerJob, RerankJob, SparseJob
 from shoal.workers.adapters import _openvino, make_adapter
-from shoal.workers.adapters._torch import cpu_has_native_bf16
+from shoal.workers.adapters.cpu import cpu_has_native_bf16
 from shoal.workers.quality import QUALITY_FLOOR, cosine_vs_float32, embed
 from tests.helpers import MINILM_SPEC
 from tests.task_models import build_lora_adapter, build_task_models

@@ -12,7 +12,7 @@ import pytest
 from perf.texts import load
 from shoal.model_registry import ModelSpec
 from shoal.workers.adapters import make_adapter
-from shoal.workers.adapters._torch import cpu_has_native_bf16
+from shoal.workers.adapters.cpu import cpu_has_native_bf16
 from shoal.workers.quality import QUALITY_FLOOR, cosine_vs_float32, embed
 from tests.helpers import MINILM_SPEC
 
