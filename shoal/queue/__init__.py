@@ -1,6 +1,6 @@
 """JetStream work queue: subjects, wire messages, provisioning, publish and pull.
 
-`nats.py` is the only module that imports nats-py; everything above it uses `Bus`,
+`nats/` is the only package that imports nats-py; everything above it uses `Bus`,
 `Dispatcher` (gateway side) and the `WorkSource`/`Delivery` protocols (worker side).
 """
 

@@ -1,4 +1,5 @@
-"""The layering DESIGN.md fixes, checked: import-linter contracts and a torch-free gateway."""
+"""The layering the README's layout section states, checked: import-linter contracts and a
+torch-free gateway."""
 
 from __future__ import annotations
 

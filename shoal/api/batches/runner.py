@@ -1,7 +1,7 @@
 """The batch runner: works through batches on the low-priority lane, resumably.
 
 Every gateway runs one (unless `batches.run_batches` is off); runners share the work by
-leases on the batch records (store.py). For each batch it holds, a runner:
+leases on the batch records (api/batch_store.py). For each batch it holds, a runner:
 
 1. validates the whole input file (status `validating`) before anything is queued, and
    fails the batch with every bad line named if any is wrong;
