@@ -122,7 +122,7 @@ class EncoderSchedule:
 
     def room(self, model: str, batch_lane: bool, held: int, held_batch_lane: int) -> int:
         """How many jobs for `model` to pull now, the worker holding `held` jobs of which
-        `held_batch_lane` from the batch lane."""
+        `held_batch_lane` from the batch lane (read for batch-lane room only)."""
         served = self._models.get(model)
         if served is None:
             return 0

@@ -218,7 +218,8 @@ class EncoderKind(WorkerKind):
 
     def room(self, model: str, batch_lane: bool) -> int:
         held = self.core.held
-        held_batch_lane = sum(1 for h in held.values() if h.batch_lane)
+        # Counted only where the policy reads it: room is asked at every pull.
+        held_batch_lane = sum(1 for h in held.values() if h.batch_lane) if batch_lane else 0
         return self.schedule.room(model, batch_lane, len(held), held_batch_lane)
 
     def hold(self, delivery: Delivery, job: Job, batch_lane: bool) -> Held:
