@@ -20,6 +20,7 @@ from shoal.model_registry import LiveRegistry, ModelRegistry, ModelSpec
 from shoal.queue import Bus, EmbedJob, EmbedResult, ErrorKind, JobFailed, Subjects
 from shoal.queue.dead_letters import DeadLetters
 from shoal.queue.messages import decode_heartbeat, decode_reply, encode
+from shoal.queue.provision import ensure_work_stream
 from shoal.workers.core import SETTLE, Held, Outcome, Worker, WorkerKind
 
 MODEL = "scripted"
@@ -258,6 +259,31 @@ async def test_a_job_held_past_ack_wait_is_kept_alive(nats_server) -> None:
         await rig.start(kind)
         await rig.publish("hold")
         await asyncio.sleep(3.5)  # three ack_waits
+        assert kind.accepted == 1 and (await rig.consumer()).num_redelivered == 0
+        await kind.finish_held()
+        await until_acked(rig, 1)
+    finally:
+        await rig.close()
+
+
+class SlowStartKind(ScriptedKind):
+    """Starts as slowly as an encoder kind loading its pinned models: the core pulls for
+    its models meanwhile (their jobs wait for the load)."""
+
+    async def start(self) -> None:
+        await asyncio.sleep(3.5)  # three ack_waits of the rig below
+
+
+async def test_a_job_pulled_while_the_kind_starts_is_kept_alive(nats_server) -> None:
+    rig = Rig(nats_server.url, ack_wait=1.0)
+    await rig.open()
+    try:
+        await ensure_work_stream(rig.bus, rig.settings.nats, rig.subjects)
+        await rig.publish("hold")  # queued before the worker comes up
+        kind = SlowStartKind()
+        await rig.start(kind)
+        # Held through the start, never redelivered: a start longer than max_deliver
+        # ack_waits would otherwise make it a dead letter nobody failed on.
         assert kind.accepted == 1 and (await rig.consumer()).num_redelivered == 0
         await kind.finish_held()
         await until_acked(rig, 1)

@@ -101,7 +101,9 @@ class Worker:
         """Serve until `stop` is set, then drain and leave cleanly. Cancelled (a stop
         while still starting), it leaves at once, returning what it holds."""
         heartbeat = asyncio.create_task(self._heartbeat())
-        background: list[asyncio.Task] = []
+        # From the start: the core pulls for its models while the kind starts (loads its
+        # pinned models), and what it holds meanwhile must not be redelivered.
+        background = [asyncio.create_task(self._keepalive())]
         try:
             await ensure_work_stream(self.bus, self.settings.nats, self.subjects)
             await self.bus.subscribe(self.subjects.cancel, self._on_cancel)
@@ -116,10 +118,7 @@ class Worker:
                 ", ".join(self.kind.ready_models()),
             )
             self.registry.add_listener(self._changed.set)
-            background = [
-                asyncio.create_task(self._keepalive()),
-                asyncio.create_task(self._follow_registry()),
-            ]
+            background.append(asyncio.create_task(self._follow_registry()))
             await stop.wait()
             await self._drain()
         finally:
