@@ -24,10 +24,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import msgspec
 
 from .config import Settings
@@ -178,11 +179,11 @@ class ReadyWatch:
         if now < self._next or now > self._until:
             return
         self._next = now + 1.0
-        try:
-            answer = httpx.get(self._url, timeout=0.5)
-            models = set(answer.json()["ready_models"]) if answer.status_code == 200 else set()
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return  # not listening yet
+        try:  # urllib, not httpx: httpx logs every request at info, once a second here
+            with urllib.request.urlopen(self._url, timeout=0.5) as answer:
+                models = set(msgspec.json.decode(answer.read())["ready_models"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not listening yet, or not ready (503 is an HTTPError, an OSError)
         if models - self._models:
             self._models |= models
             log.info(
