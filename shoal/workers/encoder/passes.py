@@ -83,23 +83,23 @@ class PassPlanner:
         """Whether a pass could start beside the running ones (a pull may bring its work)."""
         return self.pairing and self.beside == 1 and not self.alone
 
-    def started(self, kind: Pass) -> None:
+    def started(self, mode: Pass) -> None:
         self._update()
-        if kind is Pass.ALONE:
+        if mode is Pass.ALONE:
             self.alone += 1
         else:
             self.side_by_side += self.beside
             self.beside += 1
-        self._computing += _SHARE[kind]
+        self._computing += _SHARE[mode]
 
-    def computed(self, kind: Pass) -> None:
+    def computed(self, mode: Pass) -> None:
         """The pass's forward is over; it holds its place until `ended`."""
         self._update()
-        self._computing -= _SHARE[kind]
+        self._computing -= _SHARE[mode]
 
-    def ended(self, kind: Pass) -> None:
+    def ended(self, mode: Pass) -> None:
         self._update()
-        if kind is Pass.ALONE:
+        if mode is Pass.ALONE:
             self.alone -= 1
         else:
             self.beside -= 1

@@ -57,7 +57,7 @@ class Run:
 
     model: EncoderModel
     key: BatcherKey
-    kind: Pass
+    mode: Pass
     share: float
     """Of the batcher's token budget, what the batch may take (0: one input)."""
     threads: int
@@ -101,22 +101,22 @@ class EncoderSchedule:
 
     def started(self, token: Hashable, run: Run, padded_tokens: int) -> None:
         """The pass `token` began on `run` with a batch of `padded_tokens`."""
-        self.passes.started(run.kind)
+        self.passes.started(run.mode)
         per_token = run.model.seconds_per_token or math.inf
         alone = per_token * padded_tokens
-        self._running[token] = self._clock() + alone * (2 if run.kind is Pass.BESIDE else 1)
+        self._running[token] = self._clock() + alone * (2 if run.mode is Pass.BESIDE else 1)
 
-    def computed(self, token: Hashable, kind: Pass) -> bool:
+    def computed(self, token: Hashable, mode: Pass) -> bool:
         """The pass `token`'s forward is over (or it ended before one); whether another
         pass is still computing (its horizon now decides when pulls go on)."""
         if self._running.pop(token, None) is None:
             return False
-        self.passes.computed(kind)
+        self.passes.computed(mode)
         return bool(self._running)
 
-    def ended(self, kind: Pass) -> None:
+    def ended(self, mode: Pass) -> None:
         """A pass's answers are sent: it leaves its place."""
-        self.passes.ended(kind)
+        self.passes.ended(mode)
 
     # Decisions ---------------------------------------------------------------------------
 
@@ -156,8 +156,8 @@ class EncoderSchedule:
         if due is None:
             return wake_at
         model, key = due
-        kind = self.passes.next(self._may_pair(model, key))
-        if kind is None:  # it waits for a running pass, whose end is an event
+        mode = self.passes.next(self._may_pair(model, key))
+        if mode is None:  # it waits for a running pass, whose end is an event
             return None
         threads = self.threads(model)
         share = 1.0
@@ -166,11 +166,11 @@ class EncoderSchedule:
             share = self._batch_slice_share(model, key, 1 if live else IDLE_SLICES)
             if live:  # leave half the cores to the live path while it is busy
                 threads = max(1, threads // 2)
-        elif kind is Pass.BESIDE:
+        elif mode is Pass.BESIDE:
             # On half the threads: half the tokens end it about when a full batch alone
             # would, so a request does not wait twice as long behind it.
             share = 0.5
-        return Run(model, key, kind, share, threads)
+        return Run(model, key, mode, share, threads)
 
     def pull_delay(self) -> float | None:
         """When pulls may go on: 0.0 now; else in that many seconds (the running passes

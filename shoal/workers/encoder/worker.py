@@ -308,7 +308,7 @@ class EncoderKind(WorkerKind):
                 self._on_forward_thread = task
             self._passes.add(task)
             self.schedule.started(task, run, _padded_tokens(batch))
-            task.add_done_callback(functools.partial(self._pass_ended, model, batch, run.kind))
+            task.add_done_callback(functools.partial(self._pass_ended, model, batch, run.mode))
             self._arm_pulls()
 
     def _arm_pulls(self) -> None:
@@ -320,18 +320,18 @@ class EncoderKind(WorkerKind):
         elif delay is not None:
             asyncio.get_running_loop().call_later(delay, self.core.signal_room)
 
-    def _forward_over(self, task: asyncio.Task | None, kind: Pass) -> None:
+    def _forward_over(self, task: asyncio.Task | None, mode: Pass) -> None:
         if self._on_forward_thread is task:
             self._on_forward_thread = None
-        if self.schedule.computed(task, kind):  # the other pass's horizon now decides
+        if self.schedule.computed(task, mode):  # the other pass's horizon now decides
             self._arm_pulls()
 
     def _pass_ended(
-        self, model: EncoderModel, batch: list[Unit], kind: Pass, task: asyncio.Task
+        self, model: EncoderModel, batch: list[Unit], mode: Pass, task: asyncio.Task
     ) -> None:
         self._passes.discard(task)
-        self._forward_over(task, kind)  # if it ended before its forward (a LoRA failed)
-        self.schedule.ended(kind)
+        self._forward_over(task, mode)  # if it ended before its forward (a LoRA failed)
+        self.schedule.ended(mode)
         model.running -= 1
         self.loader.notify_idle()
         self._signal()
@@ -352,14 +352,14 @@ class EncoderKind(WorkerKind):
     async def _run_batch(self, run: Run, batch: list[Unit], pool: ThreadPoolExecutor) -> None:
         """One pass over `batch` on `pool`'s thread, its outputs scattered and answered
         (`model.running` counts it from the scheduler until `_pass_ended`)."""
-        model, key, kind = run.model, run.key, run.kind
+        model, key, mode = run.model, run.key, run.mode
         if key.lora and not await self._ensure_lora(model, key.lora, batch):
             return
         loop = asyncio.get_running_loop()
         toks = [u.tok for u in batch]
         padded = _padded_tokens(batch)
         started, wall_started = self._clock(), time.time()
-        beside = kind is Pass.BESIDE
+        beside = mode is Pass.BESIDE
         try:
             outputs, errors = await loop.run_in_executor(
                 pool,
@@ -367,7 +367,7 @@ class EncoderKind(WorkerKind):
                 *(model.adapter, key.op, key.lora, toks, run.threads, beside),
             )
         finally:
-            self._forward_over(asyncio.current_task(), kind)
+            self._forward_over(asyncio.current_task(), mode)
             self.core.signal_room()
         seconds = self._clock() - started
         fill = padded / max(1, model.spec.profile.max_batch_tokens)

@@ -163,8 +163,8 @@ def _pairing(schedule: EncoderSchedule, model: EncoderModel, clock: Clock) -> No
         queue(model, BATCH_LANE, 10)
         run = start(schedule, model, f"warm{i}")
         clock.now += 1.0
-        schedule.computed(f"warm{i}", run.kind)
-        schedule.ended(run.kind)
+        schedule.computed(f"warm{i}", run.mode)
+        schedule.ended(run.mode)
     assert schedule.passes.pairing
 
 
@@ -173,13 +173,13 @@ def test_two_passes_side_by_side_each_take_half_the_budget_and_leave_room_beside
     _pairing(schedule, model, clock)
     queue(model, LIVE, 10)
     first = start(schedule, model, "a")
-    assert (first.kind, first.share, first.threads) == (Pass.BESIDE, 0.5, 2)
+    assert (first.mode, first.share, first.threads) == (Pass.BESIDE, 0.5, 2)
     # One pass beside nothing: pulls go on for a second at once.
     assert not schedule.about_to_be_busy()
     assert schedule.room(SPEC.id, False, held=1, held_batch_lane=0) == HELD_SLOTS - 1
     queue(model, LIVE, 10)
     second = start(schedule, model, "b")
-    assert second.kind is Pass.BESIDE
+    assert second.mode is Pass.BESIDE
     queue(model, LIVE, 10)
     assert schedule.next() is None  # two streams in use
     assert schedule.about_to_be_busy()
@@ -191,7 +191,7 @@ def test_no_pairing_without_an_engine_stream_or_a_second_thread() -> None:
         schedule, model, clock = make(**kwargs)  # type: ignore[arg-type]
         _pairing(schedule, model, clock)
         queue(model, LIVE, 10)
-        assert start(schedule, model, "x").kind is Pass.ALONE
+        assert start(schedule, model, "x").mode is Pass.ALONE
 
 
 def test_live_work_runs_before_batch_lane_work() -> None:

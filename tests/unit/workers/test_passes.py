@@ -15,26 +15,26 @@ class Clock:
         return self.now
 
 
-def _run(planner: PassPlanner, clock: Clock, kind: Pass, seconds: float) -> None:
-    planner.started(kind)
+def _run(planner: PassPlanner, clock: Clock, mode: Pass, seconds: float) -> None:
+    planner.started(mode)
     clock.now += seconds
-    planner.computed(kind)
-    planner.ended(kind)
+    planner.computed(mode)
+    planner.ended(mode)
 
 
 def _busy_for(planner: PassPlanner, clock: Clock, seconds: float) -> None:
     """A worker at its knee: passes back to back, alone or two side by side."""
     end = clock.now + seconds
     while clock.now < end:
-        kind = planner.next(may_pair=True)
-        assert kind is not None
-        planner.started(kind)
-        kinds = [kind]
+        mode = planner.next(may_pair=True)
+        assert mode is not None
+        planner.started(mode)
+        modes = [mode]
         if planner.next(may_pair=True) is Pass.BESIDE:
             planner.started(Pass.BESIDE)
-            kinds.append(Pass.BESIDE)
-        clock.now += 0.05 * len(kinds)
-        for started in kinds:
+            modes.append(Pass.BESIDE)
+        clock.now += 0.05 * len(modes)
+        for started in modes:
             planner.computed(started)
             planner.ended(started)
 
@@ -109,8 +109,8 @@ def test_one_stream_busy_beside_nothing_is_not_load_enough_to_stay_paired() -> N
     _busy_for(planner, clock, 3.0)
     assert planner.pairing
     for _ in range(40):  # a batch every 0.1 s, 0.05 s of work alone
-        kind = planner.next(may_pair=True)
-        assert kind is not None
-        _run(planner, clock, kind, 0.1 if kind is Pass.BESIDE else 0.05)
-        clock.now += 0 if kind is Pass.BESIDE else 0.05
+        mode = planner.next(may_pair=True)
+        assert mode is not None
+        _run(planner, clock, mode, 0.1 if mode is Pass.BESIDE else 0.05)
+        clock.now += 0 if mode is Pass.BESIDE else 0.05
     assert not planner.pairing and planner.next(may_pair=True) is Pass.ALONE
