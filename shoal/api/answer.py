@@ -143,7 +143,7 @@ async def _collect(gateway: Gateway, request: GenerationRequest) -> msgspec.Stru
 
 
 def _endpoint(request: type[msgspec.Struct]) -> Endpoint:
-    if request in (ChatCompletionRequest, CompletionRequest, ResponseRequest):
+    if issubclass(request, GenerationRequest):
         return Endpoint(request, "generate", _collect, streams=True)
     return Endpoint(request, request.op, _answer_body)  # type: ignore[attr-defined]
 

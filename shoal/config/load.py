@@ -27,8 +27,8 @@ from .settings import Settings
 __all__ = ["client_api_key", "default_data_dir", "load_settings", "read_keys"]
 
 ENV_PREFIX = "SHOAL_"
-_NOT_SETTINGS = frozenset({f"{ENV_PREFIX}API_KEY"})
-"""`SHOAL_*` variables read elsewhere (the command-line clients' key), not settings."""
+_CLIENT_KEY = f"{ENV_PREFIX}API_KEY"
+"""The command-line clients' key: a `SHOAL_*` variable that is not a setting."""
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def client_api_key(env: Mapping[str, str] | None = None) -> str:
     """The key the command-line clients (`shoal embed`, `shoal batch`) send when none is
     given: `SHOAL_API_KEY`, so that it stays out of the shell's history."""
     env = os.environ if env is None else env
-    return env.get(f"{ENV_PREFIX}API_KEY", "")
+    return env.get(_CLIENT_KEY, "")
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -99,7 +99,7 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
     }
     unknown: list[str] = []
     for key, value in env.items():
-        if not key.startswith(ENV_PREFIX) or key in _NOT_SETTINGS:
+        if not key.startswith(ENV_PREFIX) or key == _CLIENT_KEY:
             continue
         path = key[len(ENV_PREFIX) :].lower().split("__")
         target = raw
@@ -123,8 +123,9 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
                 target[path[-1]] = [v for v in value.split(",") if v]
             else:
                 target[path[-1]] = value
+    known = _setting_variables(sections) if unknown else []
     for key in unknown:  # a typo would otherwise leave the default in force, unsaid
-        near = difflib.get_close_matches(key, _setting_variables(sections), n=1, cutoff=0.8)
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
         hint = f" (did you mean {near[0]}?)" if near else ""
         log.warning("%s is not a Shoal setting and is ignored%s", key, hint)
 

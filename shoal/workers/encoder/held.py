@@ -11,7 +11,7 @@ from ...queue.source import Delivery
 from ..adapters.base import Tokenized
 from ..core import Held
 
-__all__ = ["HeldJob", "Unit"]
+__all__ = ["HeldJob", "Unit", "jobs_of"]
 
 
 class Unit:
@@ -67,3 +67,8 @@ class HeldJob(Held):
         self.outputs[row] = output
         self.remaining -= 1
         return self.remaining == 0
+
+
+def jobs_of(units: list[Unit]) -> list[HeldJob]:
+    """The jobs `units` belong to, each once, in order."""
+    return list({id(u.held): u.held for u in units}.values())

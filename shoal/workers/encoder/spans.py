@@ -4,7 +4,7 @@ once the job is answered (times kept on the held job as its batches run)."""
 from __future__ import annotations
 
 from ..observe import record_job_spans
-from .held import HeldJob, Unit
+from .held import HeldJob, Unit, jobs_of
 
 __all__ = ["note_forward", "record_spans"]
 
@@ -12,7 +12,7 @@ __all__ = ["note_forward", "record_spans"]
 def note_forward(batch: list[Unit], started: float, ended: float, tokens: int) -> None:
     """Keep each traced job's forward-pass times (its first batch's start, last's end)
     and the size of its last batch."""
-    for held in {id(u.held): u.held for u in batch}.values():
+    for held in jobs_of(batch):
         if held.trace is not None:
             held.forward_started = held.forward_started or started
             held.forward_ended = ended

@@ -48,7 +48,7 @@ from ..batcher import Batcher
 from ..core import Core, Held, Outcome, Worker, WorkerKind
 from ..observe import WorkerMetrics
 from .forward import forward_isolating, prepare, too_long
-from .held import HeldJob, Unit
+from .held import HeldJob, Unit, jobs_of
 from .loader import Loader, LoadError
 from .model import EncoderModel
 from .passes import Pass
@@ -339,7 +339,7 @@ class EncoderKind(WorkerKind):
             return
         # Not the model's inputs (those fail in `_fail_inputs`): answering them failed.
         log.error("a forward pass failed outside its batch", exc_info=task.exception())
-        unanswered = [held for held in _jobs_of(batch) if not held.done]
+        unanswered = [held for held in jobs_of(batch) if not held.done]
         if unanswered:
             settling = asyncio.create_task(self._settle_all(unanswered, Outcome.INTERNAL))
             self._passes.add(settling)
@@ -395,7 +395,7 @@ class EncoderKind(WorkerKind):
             return True
         except LoadError as exc:
             outcome = Outcome.NOT_FOUND if exc.not_found else Outcome.UNAVAILABLE
-            for held in _jobs_of(batch):
+            for held in jobs_of(batch):
                 await self.core.settle(held, outcome, str(exc))
             return False
 
@@ -420,7 +420,7 @@ class EncoderKind(WorkerKind):
     async def _drop_expired(self, batcher: Batcher[Unit]) -> None:
         now = time.time()
         dropped = batcher.drop(lambda u: not u.held.done and u.held.job.deadline > now)
-        for held in _jobs_of(dropped):
+        for held in jobs_of(dropped):
             if not held.done:
                 message = "the request's deadline passed before it ran"
                 await self.core.settle(held, Outcome.EXPIRED, message)
@@ -444,7 +444,3 @@ class EncoderKind(WorkerKind):
 def _padded_tokens(batch: list[Unit]) -> int:
     """Tokens a pass over `batch` computes: every row padded to the longest."""
     return len(batch) * max(u.cost for u in batch)
-
-
-def _jobs_of(units: list[Unit]) -> list[HeldJob]:
-    return list({id(u.held): u.held for u in units}.values())
