@@ -7,16 +7,19 @@ What it models (perf/scale/README.md says what is measured and what assumed):
   names a model (Zipf over M), carries 1..8 texts whose token lengths are drawn from the
   perf text sets (short queries, or passages for `passage_share` of requests);
 - a worker: one device running one forward pass at a time; its time for a batch is the
-  measured curve `base + per_row * rows + per_token * rows * longest`; it batches with
-  Shoal's own `Batcher` (token budget, coalescing window, length grouping) on the
-  simulated clock, live lane before batch lane;
+  measured curve `base + per_row * rows + per_token * rows * longest`; what it pulls,
+  which batch it runs next and at what size are the encoder worker's own policy
+  (`EncoderSchedule` over `EncoderModel`s and their `Batcher`s: token budget, coalescing
+  window, length grouping) on the simulated clock, so a change to the worker's rules is
+  a change to the simulation;
 - placement: each model is resident on a number of workers in proportion to its traffic
   (at least one), `resident` models per worker at most, the same for every policy except
   `hash` (which places by a hash ring, as such routers do);
-- `pull` (Shoal): one shared queue per model; a worker holding fewer than `max_held` jobs
-  and fewer than four batches of a model's inputs has a pull waiting on that model's
-  queue, served in the order pulls were made (as a JetStream pull consumer does); a fetch
-  costs the measured fetch time, a publish the measured publish time;
+- `pull` (Shoal): one shared queue per model; a worker with room by the worker's rule
+  (`EncoderSchedule.room`, `pull_delay`: held jobs, queued batches, the pull horizon) has
+  a pull waiting on that model's queue, served in the order pulls were made (as a
+  JetStream pull consumer does); a fetch costs the measured fetch time, a publish the
+  measured publish time;
 - push routers: one router process in front (a FIFO server costing `router_s` a request)
   picks a worker among the model's replicas and sends the request to that worker's own
   queue: `round-robin`, `least-outstanding` (fewest requests it sent that are not
@@ -35,9 +38,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shoal.model_registry import BatchProfile
+from shoal.model_registry import BatchProfile, ModelSpec
 from shoal.tune.knee import Step, kept_up
+from shoal.workers.adapters.dummy import DummyAdapter
 from shoal.workers.batcher import Batcher
+from shoal.workers.encoder.model import EncoderModel
+from shoal.workers.encoder.schedule import PULL_HORIZON, EncoderSchedule, Run
 
 __all__ = [
     "POLICIES",
@@ -51,8 +57,6 @@ __all__ = [
 ]
 
 POLICIES = ("pull", "round-robin", "least-outstanding", "power-of-two", "hash")
-POOL_BATCHES = 4
-"""Live inputs a worker queues per model before it stops pulling it (encoder/schedule.py)."""
 REQUEST_TIMEOUT = 30.0
 
 
@@ -113,18 +117,9 @@ class Scenario:
     overhead_s: float = 0.005
     profile: BatchProfile = field(default_factory=BatchProfile)
     max_held: int = 64
-    pool_batches: float = POOL_BATCHES
-    """Pull: a worker pulls a model while fewer than this many batches of its inputs
-    (rows and padded tokens of the profile's budget) wait in its pool."""
-    devices: int = 1
-    """Forward passes a worker runs at once: with more than one, a host whose devices
-    share one puller and one local queue (the machine-local queue: whichever device frees
-    first takes the next batch, and they hold the same models); 1: a puller per device,
-    as Shoal runs today."""
-    pull_horizon_s: float | None = None
-    """Pull: a busy worker keeps pulls waiting only when its forward pass ends within
-    this many seconds (None: always, as Shoal does today), so that work goes to the
-    workers that can start it soonest."""
+    pull_horizon_s: float | None = PULL_HORIZON
+    """Pull: the worker's rule (EncoderSchedule); None: `pull-anytime`, a busy worker
+    keeps a pull waiting (the rule before the horizon)."""
     arrivals: str = "poisson"
     """`poisson` or `even` (perf's load generator: one every 1/rate seconds)."""
 
@@ -157,33 +152,65 @@ class _Request:
 
 
 class _Worker:
+    """A simulated encoder worker: the worker's own `EncoderModel`s and `EncoderSchedule`
+    decide what it pulls, which batch runs next and at what size; the curve says how long
+    a pass takes (the models' dummy adapter never runs)."""
+
     __slots__ = (
-        "batchers",
         "busy_s",
-        "ends",
         "held",
+        "hosted",
         "id",
-        "inflight",
         "models",
+        "passes",
         "rows",
+        "schedule",
         "timer",
         "waiting",
     )
 
-    def __init__(self, wid: int) -> None:
+    def __init__(self, wid: int, scenario: Scenario, clock: Callable[[], float]) -> None:
         self.id = wid
-        self.models: list[int] = []
-        self.batchers: dict[int, Batcher] = {}
+        self.hosted: list[int] = []
+        self.models: dict[str, EncoderModel] = {}
+        self.schedule = EncoderSchedule(
+            self.models,
+            clock,
+            full_threads=1,
+            pairs=False,  # the curve is one pass at a time on the whole device
+            max_held_jobs=scenario.max_held,
+            batch_slice_ms=0.0,  # no batch-lane work is simulated
+            pull_horizon=scenario.pull_horizon_s,
+        )
         self.held = 0
-        self.ends: list[float] = []
-        """When each running forward pass ends (a heap)."""
+        self.passes = 0
         self.busy_s = 0.0
         self.rows: list[int] = []
         self.timer: float | None = None
         self.waiting: set[int] = set()
         """Models this worker has a pull waiting on (pull policy)."""
-        self.inflight: dict[int, int] = {}
-        """Inputs fetched per model, not yet in its pool (pull policy)."""
+
+    def host(self, model: int, profile: BatchProfile, clock: Callable[[], float]) -> None:
+        spec = ModelSpec(
+            id=_name(model),
+            tasks=["embed"],
+            source="none",
+            runtime="dummy",
+            dims=1,
+            max_length=512,
+            profile=profile,
+        )
+        served = EncoderModel(spec, DummyAdapter(spec), clock)
+        served.state = "resident"
+        self.hosted.append(model)
+        self.models[spec.id] = served
+
+    def batcher(self, model: int) -> Batcher:
+        return self.models[_name(model)].batcher("embed", "")
+
+
+def _name(model: int) -> str:
+    return f"m{model}"
 
 
 def placement(scenario: Scenario, shares: np.ndarray, policy: str) -> list[list[int]]:
@@ -251,11 +278,10 @@ class Cluster:
         self.now = 0.0
         self.events: list[tuple[float, int, Callable, tuple]] = []
         self.seq = 0
-        self.workers = [_Worker(i) for i in range(scenario.workers)]
+        self.workers = [_Worker(i, scenario, self.clock) for i in range(scenario.workers)]
         for model, hosts in enumerate(self.hosts):
             for w in hosts:
-                self.workers[w].models.append(model)
-                self.workers[w].batchers[model] = Batcher(scenario.profile, lambda: self.now)
+                self.workers[w].host(model, scenario.profile, self.clock)
         self.queues: list[deque[_Request]] = [deque() for _ in range(scenario.models)]
         self.pullers: list[deque[int]] = [deque() for _ in range(scenario.models)]
         self.outstanding = np.zeros(scenario.workers, dtype=int)
@@ -265,6 +291,9 @@ class Cluster:
         """(arrived, seconds) of each answered request."""
 
     # Event loop ------------------------------------------------------------------------
+
+    def clock(self) -> float:
+        return self.now
 
     def at(self, when: float, action: Callable, *args: object) -> None:
         self.seq += 1
@@ -321,16 +350,8 @@ class Cluster:
     # Pull ------------------------------------------------------------------------------
 
     def room(self, worker: _Worker, model: int) -> bool:
-        if self.paused(worker):
-            return False
-        batcher, profile = worker.batchers[model], self.s.profile
-        pool = self.s.pool_batches * self.s.devices
-        rows = len(batcher) + worker.inflight.get(model, 0)
-        return (
-            worker.held < self.s.max_held * self.s.devices
-            and rows < pool * profile.max_batch_items
-            and batcher.pending_tokens < pool * profile.max_batch_tokens
-        )
+        """The worker's own rule (EncoderSchedule.room): live work only."""
+        return worker.schedule.room(_name(model), False, worker.held, 0) > 0
 
     def published(self, request: _Request) -> None:
         pullers = self.pullers[request.model]
@@ -338,7 +359,7 @@ class Cluster:
             wid = pullers.popleft()
             worker = self.workers[wid]
             worker.waiting.discard(request.model)
-            self.reserve(worker, request)  # arrives after half a fetch
+            worker.held += 1  # arrives after half a fetch
             self.at(self.now + self.s.queue.fetch_s / 2, self.delivered, wid, request)
             self.want(worker, request.model)
         else:
@@ -355,7 +376,7 @@ class Cluster:
             # One fetch: what is queued, while it fits (64 items at most, as Shoal asks).
             for _ in range(64):
                 request = queue.popleft()
-                self.reserve(worker, request)
+                worker.held += 1
                 self.at(self.now + self.s.queue.fetch_s, self.delivered, worker.id, request)
                 if not queue or not self.room(worker, model):
                     break
@@ -363,71 +384,69 @@ class Cluster:
             worker.waiting.add(model)
             self.pullers[model].append(worker.id)
 
-    def reserve(self, worker: _Worker, request: _Request) -> None:
-        worker.held += 1
-        worker.inflight[request.model] = worker.inflight.get(request.model, 0) + len(request.units)
+    def arm_pulls(self, worker: _Worker) -> None:
+        """As the worker does after a pass starts or ends (EncoderSchedule.pull_delay): pull
+        now, or withdraw the pulls waiting until the pass is about to end. (A real fetch
+        waiting on a busy worker lasts until it expires, within a second; here it is
+        withdrawn at once.)"""
+        delay = worker.schedule.pull_delay()
+        if delay == 0.0:
+            for model in worker.hosted:
+                self.want(worker, model)
+            return
+        for waited in worker.waiting:
+            self.pullers[waited].remove(worker.id)
+        worker.waiting.clear()
+        if delay is not None:  # else at the pass's end, an event
+            self.at(self.now + delay, self.arm_pulls, worker)
 
     # Worker ----------------------------------------------------------------------------
 
     def delivered(self, wid: int, request: _Request) -> None:
         worker = self.workers[wid]
         request.worker = wid
-        if self.policy == "pull":
-            worker.inflight[request.model] -= len(request.units)
-        else:
+        if self.policy != "pull":
             worker.held += 1
-        worker.batchers[request.model].add(request.units)
+        worker.schedule.live_arrived()
+        worker.batcher(request.model).add(request.units)
         self.kick(worker)
 
-    def paused(self, worker: _Worker) -> bool:
-        """Whether every device runs a pass that ends beyond the pull horizon."""
-        horizon = self.s.pull_horizon_s
-        return (
-            horizon is not None
-            and len(worker.ends) >= self.s.devices
-            and worker.ends[0] - self.now > horizon + 1e-12
-        )
-
     def kick(self, worker: _Worker) -> None:
-        while len(worker.ends) < self.s.devices:
-            ready = [(b.ready_at(), m) for m, b in worker.batchers.items() if len(b)]
-            if not ready:
-                return
-            when, model = min(ready)
-            if when > self.now:
-                if worker.timer is None or worker.timer > when:
-                    worker.timer = when
-                    self.at(when, self.timer, worker)
-                return
-            self.start(worker, model)
+        """Start what the worker's schedule says is due; else wake when it will be."""
+        while True:
+            run = worker.schedule.next()
+            if isinstance(run, Run):
+                self.start(worker, run)
+                continue
+            if run is not None and (worker.timer is None or worker.timer > run):
+                worker.timer = run
+                self.at(run, self.timer, worker)
+            return
 
-    def start(self, worker: _Worker, model: int) -> None:
-        batch = worker.batchers[model].take()
-        seconds = self.s.curve.seconds(len(batch), max(u.cost for u in batch))
-        heapq.heappush(worker.ends, self.now + seconds)
+    def start(self, worker: _Worker, run: Run) -> None:
+        batch = run.model.batchers[run.key].take(run.share)
+        longest = max(u.cost for u in batch)
+        seconds = self.s.curve.seconds(len(batch), longest)
+        worker.passes += 1
+        token = worker.passes
+        worker.schedule.started(token, run, len(batch) * longest)
         worker.busy_s += seconds
         worker.rows.append(len(batch))
-        self.at(self.now + seconds, self.forwarded, worker, batch)
-        if self.policy != "pull":
-            return
-        if self.paused(worker):  # its pulls wait until a device is nearly free
-            for waited in worker.waiting:
-                self.pullers[waited].remove(worker.id)
-            worker.waiting.clear()
-            self.at(worker.ends[0] - self.s.pull_horizon_s, self.resume, worker)  # type: ignore[operator]
-        self.want(worker, model)  # taking inputs out of the pool makes room
-
-    def resume(self, worker: _Worker) -> None:
-        for model in worker.models:
-            self.want(worker, model)
+        self.at(self.now + seconds, self.forwarded, worker, run, token, batch, seconds)
+        if self.policy == "pull":
+            self.arm_pulls(worker)  # taking inputs out of the pool makes room
 
     def timer(self, worker: _Worker) -> None:
         if worker.timer is not None and worker.timer <= self.now:
             worker.timer = None
             self.kick(worker)
 
-    def forwarded(self, worker: _Worker, batch: list[_Unit]) -> None:
-        heapq.heappop(worker.ends)
+    def forwarded(
+        self, worker: _Worker, run: Run, token: int, batch: list[_Unit], seconds: float
+    ) -> None:
+        run.model.note_forward(seconds, len(batch) * max(u.cost for u in batch))
+        worker.schedule.computed(token, run.mode)
+        worker.schedule.ended(run.mode)  # its answers go at once
         for unit in batch:
             request = unit.request
             request.left -= 1
@@ -439,8 +458,7 @@ class Cluster:
                     done += self.s.queue.reply_s  # back through the router
                 self.latencies.append((request.arrived, done - request.arrived))
         if self.policy == "pull":
-            for model in worker.models:
-                self.want(worker, model)
+            self.arm_pulls(worker)
         self.kick(worker)
 
 
@@ -453,7 +471,7 @@ def run_step(
     mean_texts = sum(scenario.texts) / 2
     sent = cluster.offer(rate, seconds)
     for worker in cluster.workers:
-        for model in worker.models:
+        for model in worker.hosted:
             if policy == "pull":
                 cluster.want(worker, model)
     cluster.run(seconds + REQUEST_TIMEOUT)
@@ -469,9 +487,9 @@ def run_step(
             answered[min(len(answered) - 1, round(q * (len(answered) - 1)))] * 1000
             for q in (0.5, 0.9, 0.99)
         )
-    busy = sum(min(w.busy_s, seconds * scenario.devices) for w in cluster.workers)
+    busy = sum(min(w.busy_s, seconds) for w in cluster.workers)
     rows = [r for w in cluster.workers for r in w.rows]
-    share = busy / (seconds * scenario.workers * scenario.devices)
+    share = busy / (seconds * scenario.workers)
     return StepResult(step, share, float(np.mean(rows)) if rows else 0.0)
 
 
@@ -484,7 +502,7 @@ def capacity_guess(scenario: Scenario) -> float:
     per_text = (1 - scenario.passage_share) * short + scenario.passage_share * passage
     rows = scenario.profile.max_batch_items
     batch = scenario.curve.seconds(rows, int(per_text))
-    return scenario.workers * scenario.devices * rows / batch / mean_texts
+    return scenario.workers * rows / batch / mean_texts
 
 
 def find_knee(

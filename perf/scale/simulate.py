@@ -2,14 +2,13 @@
 `python -m perf scale calibrate` measured here.
 
     .venv/bin/python -m perf scale simulate [--workers 8,32,128] [--models 1,20,50]
-        [--curves cpu,gpu] [--seconds 10] [--hosts 4]
+        [--curves cpu,gpu] [--seconds 10]
 
 Per curve, worker count and model count: each policy's knee (requests/s of the best
 step that answered 90% with p99 within the bound), the devices' utilization and the
 latency at that step, and each policy's knee against the best push router's. `pull` is
 Shoal as it ships (the pull horizon); `pull-anytime` is Shoal's pull before it (a busy
-worker keeps a pull waiting). With `--hosts N`, also the machine-local queue: hosts of N
-devices behind one puller, against a puller per device, on the same devices.
+worker keeps a pull waiting).
 
 Curves: `cpu` is the forward curve measured here (MiniLM, Shoal's adapter, this CPU);
 `gpu` is assumed, not measured as a curve: a fixed 5 ms a pass (assumed) plus the
@@ -76,7 +75,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--policies", default=",".join([*VARIANTS, *PUSH]))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--p99-bound", type=float, default=1.0)
-    parser.add_argument("--hosts", type=int, default=4, help="devices per host (0: skip)")
     parser.add_argument(
         "--calibration", type=Path, default=ROOT / "perf/results/scale-calibration-cpu.json"
     )
@@ -100,11 +98,6 @@ def main(argv: list[str]) -> None:
                     router_s=ROUTER_S,
                 )
                 cell = [run(scenario, p, args) for p in args.policies.split(",")]
-                if args.hosts > 1 and workers % args.hosts == 0:
-                    host = replace(scenario, workers=workers // args.hosts, devices=args.hosts)
-                    cell.append(
-                        run(host, "pull", args) | {"policy": f"pull, {args.hosts}-device hosts"}
-                    )
                 best_push = max((r["knee_rps"] for r in cell if r["policy"] in PUSH), default=0)
                 for r in cell:
                     r |= {"curve": curve_name, "workers": workers, "models": models}

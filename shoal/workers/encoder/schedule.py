@@ -77,14 +77,18 @@ class EncoderSchedule:
         pairs: bool,
         max_held_jobs: int,
         batch_slice_ms: float,
+        pull_horizon: float | None = PULL_HORIZON,
     ) -> None:
         """`full_threads`: the intra-op threads of a pass alone; `pairs`: whether two
-        passes may run side by side at all (a CPU with two threads or more)."""
+        passes may run side by side at all (a CPU with two threads or more);
+        `pull_horizon`: None pulls live work whatever runs (the scale simulator's
+        `pull-anytime`, the rule before PULL_HORIZON)."""
         self._models = models
         self._clock = clock
         self.full_threads = full_threads
         self.max_held_jobs = max_held_jobs
         self.batch_slice_ms = batch_slice_ms
+        self.pull_horizon = pull_horizon
         self.passes = PassPlanner(clock, pairs=pairs)
         self._running: dict[Hashable, float] = {}
         """The forward passes computing, each with when it is expected to end (clock time).
@@ -180,16 +184,18 @@ class EncoderSchedule:
         soonest = min(self._running.values(), default=math.inf)
         if soonest == math.inf:
             return None
-        return max(0.0, soonest - PULL_HORIZON - self._clock())
+        return max(0.0, soonest - (self.pull_horizon or 0.0) - self._clock())
 
     def about_to_be_busy(self) -> bool:
         """Whether the passes computing end beyond `PULL_HORIZON` with no room for another
         beside them, or none computes and a live batch is due (its pass starts before a
         pull could bring more)."""
+        if self.pull_horizon is None:
+            return False
         if self._running:
             if self.passes.has_room():
                 return False
-            return min(self._running.values()) - self._clock() > PULL_HORIZON
+            return min(self._running.values()) - self._clock() > self.pull_horizon
         due, _ = self._next_due()
         return due is not None and not due[1].batch_lane
 
