@@ -28,23 +28,13 @@ from .errors import exception_handlers
 from .gateway import Gateway
 from .observe import ObserveMiddleware, Observer
 from .routes import (
+    WORK_ROUTES,
     AdminController,
     BatchesController,
-    ChatController,
-    ClassifyController,
-    CohereRerankController,
-    CompletionsController,
-    EmbeddingsController,
     FilesController,
     HealthController,
     ModelsController,
-    MultiVectorController,
     NativeController,
-    NerController,
-    RerankController,
-    ResponsesController,
-    ScoreController,
-    SparseController,
     StatusController,
 )
 from .status import StatusBoard
@@ -116,18 +106,8 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
     admission = Admission(settings)
     return Litestar(
         route_handlers=[
-            ChatController,
-            CompletionsController,
-            ResponsesController,
-            EmbeddingsController,
+            *WORK_ROUTES,
             ModelsController,
-            NerController,
-            MultiVectorController,
-            RerankController,
-            CohereRerankController,
-            ScoreController,
-            SparseController,
-            ClassifyController,
             NativeController,
             HealthController,
             AdminController,

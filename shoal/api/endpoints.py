@@ -1,29 +1,64 @@
 """Every route group in one table: the paths it covers, whether its requests wait on
-workers, and, for each path a Batches API line may name, the request that line decodes.
+workers, and each endpoint that runs inputs on workers: its paths, request and response,
+whether it streams and whether a Batches API line may name it.
 
-Key rights (`keys.ROUTE_GROUPS`), admission (`route_group`, which groups the in-flight
-bound and tokens per minute count) and the Batches API's endpoints (`answer.BATCH_ENDPOINTS`)
-derive from it, so adding a task is a row here, its compat module and its controller.
+The routes that run work (routes/work.py), key rights (`keys.ROUTE_GROUPS`), admission
+(`route_group`, which groups the in-flight bound and tokens per minute count) and the
+Batches API's endpoints (`answer.BATCH_ENDPOINTS`) derive from it, so adding a task is a
+row here and its compat module (the request, the response, the op it becomes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
-from ..compat.classify import ClassifyRequest
-from ..compat.multivector import MultiVectorRequest
-from ..compat.ner import NerRequest
-from ..compat.openai import EmbeddingRequest
-from ..compat.openai.chat import ChatCompletionRequest
-from ..compat.openai.completions import CompletionRequest
-from ..compat.openai.responses import ResponseRequest
-from ..compat.rerank import CohereRerankRequest, RerankRequest
-from ..compat.score import ScoreRequest
-from ..compat.sparse import SparseRequest
+from ..compat.classify import ClassifyRequest, ClassifyResponse
+from ..compat.multivector import MultiVectorRequest, MultiVectorResponse
+from ..compat.ner import NerRequest, NerResponse
+from ..compat.openai import EmbeddingRequest, EmbeddingResponse
+from ..compat.openai.chat import ChatCompletion, ChatCompletionRequest
+from ..compat.openai.completions import Completion, CompletionRequest
+from ..compat.openai.responses import Response, ResponseRequest
+from ..compat.rerank import (
+    CohereRerankRequest,
+    CohereRerankResponse,
+    RerankRequest,
+    RerankResponse,
+)
+from ..compat.score import ScoreRequest, ScoreResponse
+from ..compat.sparse import SparseRequest, SparseResponse
 
-__all__ = ["GROUPS", "ROUTE_GROUPS", "WORK_GROUPS", "RouteGroup", "batchable", "route_group"]
+__all__ = [
+    "ENDPOINTS",
+    "GROUPS",
+    "ROUTE_GROUPS",
+    "WORK_GROUPS",
+    "Endpoint",
+    "RouteGroup",
+    "batchable",
+    "route_group",
+]
+
+OPENAI, TASKS = "OpenAI", "Encoder tasks"
+"""The docs' sections (OpenAPI tags)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A POST route whose body becomes work for the workers."""
+
+    paths: tuple[str, ...]
+    """Its paths; a Batches API line names the first."""
+    request: type[msgspec.Struct]
+    response: type[msgspec.Struct]
+    """What it answers as JSON (a stream's chunks are the compat module's)."""
+    summary: str
+    tag: str = TASKS
+    streams: bool = False
+    """Answers as server-sent events when the request's `stream` is true."""
+    batchable: bool = True
 
 
 @dataclass(frozen=True)
@@ -31,39 +66,126 @@ class RouteGroup:
     """Routes a key's `routes` names as one right."""
 
     name: str
-    prefixes: tuple[str, ...]
-    """Path prefixes of its routes."""
+    endpoints: tuple[Endpoint, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    """Path prefixes of its other routes (those not in `endpoints`)."""
     works: bool = True
     """Its requests wait on workers: the in-flight bound and tokens per minute count them."""
-    batch: dict[str, type[msgspec.Struct]] = field(default_factory=dict)
-    """Its paths a Batches API line may name, each with the request its body decodes."""
+
+    @property
+    def all_prefixes(self) -> tuple[str, ...]:
+        return tuple(path for e in self.endpoints for path in e.paths) + self.prefixes
+
+
+def _one(name: str, endpoint: Endpoint) -> RouteGroup:
+    return RouteGroup(name, (endpoint,))
 
 
 GROUPS: tuple[RouteGroup, ...] = (
-    RouteGroup("embeddings", ("/v1/embeddings",), batch={"/v1/embeddings": EmbeddingRequest}),
-    RouteGroup("chat", ("/v1/chat/",), batch={"/v1/chat/completions": ChatCompletionRequest}),
-    RouteGroup("completions", ("/v1/completions",), batch={"/v1/completions": CompletionRequest}),
-    RouteGroup("responses", ("/v1/responses",), batch={"/v1/responses": ResponseRequest}),
-    RouteGroup("models", ("/v1/models",), works=False),
-    RouteGroup("files", ("/v1/files",), works=False),
-    RouteGroup("batches", ("/v1/batches",), works=False),
-    RouteGroup("native", ("/native/",)),
-    RouteGroup("ner", ("/v1/ner",), batch={"/v1/ner": NerRequest}),
-    RouteGroup("multivector", ("/v1/multivector",), batch={"/v1/multivector": MultiVectorRequest}),
+    _one(
+        "embeddings",
+        Endpoint(
+            ("/v1/embeddings",), EmbeddingRequest, EmbeddingResponse, "Create embeddings", OPENAI
+        ),
+    ),
+    RouteGroup(
+        "chat",
+        prefixes=("/v1/chat/",),
+        endpoints=(
+            Endpoint(
+                ("/v1/chat/completions",),
+                ChatCompletionRequest,
+                ChatCompletion,
+                "Create a chat completion (SSE when stream is true)",
+                OPENAI,
+                streams=True,
+            ),
+        ),
+    ),
+    _one(
+        "completions",
+        Endpoint(
+            ("/v1/completions",),
+            CompletionRequest,
+            Completion,
+            "Create a completion (SSE when stream is true)",
+            OPENAI,
+            streams=True,
+        ),
+    ),
+    _one(
+        "responses",
+        Endpoint(
+            ("/v1/responses",),
+            ResponseRequest,
+            Response,
+            "Create a model response (Responses API; SSE when stream is true)",
+            OPENAI,
+            streams=True,
+        ),
+    ),
+    RouteGroup("models", prefixes=("/v1/models",), works=False),
+    RouteGroup("files", prefixes=("/v1/files",), works=False),
+    RouteGroup("batches", prefixes=("/v1/batches",), works=False),
+    RouteGroup("native", prefixes=("/native/",)),
+    _one(
+        "ner",
+        Endpoint(("/v1/ner",), NerRequest, NerResponse, "Named entities (token classification)"),
+    ),
+    _one(
+        "multivector",
+        Endpoint(
+            ("/v1/multivector",),
+            MultiVectorRequest,
+            MultiVectorResponse,
+            "Token vectors (late interaction, ColBERT-style)",
+        ),
+    ),
     RouteGroup(
         "rerank",
-        ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/score", "/score"),
-        batch={
-            "/v1/rerank": RerankRequest,
-            "/v2/rerank": CohereRerankRequest,
-            "/v1/score": ScoreRequest,
-        },
+        (
+            Endpoint(
+                ("/v1/rerank", "/rerank"),
+                RerankRequest,
+                RerankResponse,
+                "Rerank documents for a query",
+            ),
+            Endpoint(
+                ("/v2/rerank",),
+                CohereRerankRequest,
+                CohereRerankResponse,
+                "Rerank documents for a query (Cohere's v2 shape)",
+            ),
+            Endpoint(
+                ("/v1/score", "/score"),
+                ScoreRequest,
+                ScoreResponse,
+                "Relevance of text pairs (vLLM's score shape)",
+            ),
+        ),
     ),
-    RouteGroup("classify", ("/v1/classify",), batch={"/v1/classify": ClassifyRequest}),
-    RouteGroup("sparse", ("/v1/sparse",), batch={"/v1/sparse": SparseRequest}),
-    RouteGroup("admin", ("/admin/",), works=False),
+    _one(
+        "classify",
+        Endpoint(
+            ("/v1/classify",),
+            ClassifyRequest,
+            ClassifyResponse,
+            "Classify texts (sequence classification)",
+        ),
+    ),
+    _one(
+        "sparse",
+        Endpoint(
+            ("/v1/sparse",),
+            SparseRequest,
+            SparseResponse,
+            "Sparse (SPLADE) embeddings: nonzero vocabulary weights per text",
+        ),
+    ),
+    RouteGroup("admin", prefixes=("/admin/",), works=False),
 )
 
+ENDPOINTS: tuple[Endpoint, ...] = tuple(e for g in GROUPS for e in g.endpoints)
 ROUTE_GROUPS = tuple(g.name for g in GROUPS if g.name != "admin")
 """The route groups a key's `routes` may name; `admin` is granted by `admin = true`."""
 WORK_GROUPS = frozenset(g.name for g in GROUPS if g.works)
@@ -71,7 +193,7 @@ WORK_GROUPS = frozenset(g.name for g in GROUPS if g.works)
 
 # Longest first, so that a prefix inside another never takes its paths.
 _PREFIXES = sorted(
-    ((prefix, g.name) for g in GROUPS for prefix in g.prefixes), key=lambda p: -len(p[0])
+    ((prefix, g.name) for g in GROUPS for prefix in g.all_prefixes), key=lambda p: -len(p[0])
 )
 
 
@@ -85,4 +207,4 @@ def route_group(path: str) -> str | None:
 
 def batchable() -> dict[str, type[msgspec.Struct]]:
     """Every path a Batches API line may name, with the request its body decodes."""
-    return {path: request for g in GROUPS for path, request in g.batch.items()}
+    return {e.paths[0]: e.request for e in ENDPOINTS if e.batchable}

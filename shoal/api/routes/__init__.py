@@ -1,41 +1,22 @@
-"""One controller per resource."""
+"""The gateway's routes: those that run work, one per row of the route table
+(work.py), and a controller per other resource."""
 
 from .admin import AdminController
 from .batches import BatchesController
-from .chat import ChatController, CompletionsController, ResponsesController
-from .embeddings import EmbeddingsController
 from .files import FilesController
 from .health import HealthController
 from .models import ModelsController
 from .native import NativeController
 from .status import StatusController
-from .tasks import (
-    ClassifyController,
-    CohereRerankController,
-    MultiVectorController,
-    NerController,
-    RerankController,
-    ScoreController,
-    SparseController,
-)
+from .work import WORK_ROUTES
 
 __all__ = [
+    "WORK_ROUTES",
     "AdminController",
     "BatchesController",
-    "ChatController",
-    "ClassifyController",
-    "CohereRerankController",
-    "CompletionsController",
-    "EmbeddingsController",
     "FilesController",
     "HealthController",
     "ModelsController",
-    "MultiVectorController",
     "NativeController",
-    "NerController",
-    "RerankController",
-    "ResponsesController",
-    "ScoreController",
-    "SparseController",
     "StatusController",
 ]
