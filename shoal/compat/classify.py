@@ -13,7 +13,7 @@ from ..queue.messages import ClassifyJob, ClassifyResult
 from ..queue.subjects import Task
 from ._constraints import Count, ModelName
 from .extensions import ShoalOptions
-from .jobs import Envelope, Usage, checked_texts, text_parts, texts_of
+from .jobs import Envelope, InputUsage, checked_texts, text_parts, texts_of
 
 __all__ = ["ClassLabel", "ClassifyData", "ClassifyRequest", "ClassifyResponse"]
 
@@ -61,7 +61,7 @@ class ClassifyData(msgspec.Struct):
 class ClassifyResponse(msgspec.Struct):
     data: list[ClassifyData]
     model: str
-    usage: Usage
+    usage: InputUsage
     object: Literal["list"] = "list"
 
     @classmethod
@@ -71,4 +71,4 @@ class ClassifyResponse(msgspec.Struct):
             ClassifyData(i, [ClassLabel(x.label, x.score) for x in labels])
             for i, labels in enumerate(rows)
         ]
-        return cls(data=data, model=model, usage=Usage.of(results))
+        return cls(data=data, model=model, usage=InputUsage.of(results))

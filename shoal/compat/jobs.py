@@ -17,7 +17,7 @@ from .errors import InvalidRequestError, PayloadTooLargeError
 __all__ = [
     "RESULT_BYTES_PER_ITEM",
     "Envelope",
-    "Usage",
+    "InputUsage",
     "check_count",
     "check_texts",
     "check_token_ids",
@@ -150,14 +150,15 @@ def checked_texts(texts: list[str], limits: GatewaySettings, param: str) -> list
     return texts
 
 
-class Usage(msgspec.Struct):
-    """Tokens an encoder request used (its inputs'), as the workers counted them."""
+class InputUsage(msgspec.Struct):
+    """Tokens a request's inputs used, as the workers counted them: the usage of every
+    encoder route (OpenAI's embeddings, the native route, the tasks)."""
 
     prompt_tokens: int
     total_tokens: int
 
     @classmethod
-    def of(cls, results: Sequence[Any]) -> Usage:
+    def of(cls, results: Sequence[Any]) -> InputUsage:
         tokens = sum(r.prompt_tokens for r in results)
         return cls(tokens, tokens)
 

@@ -16,7 +16,7 @@ from ..queue.messages import MultiVectorJob, MultiVectorResult
 from ..queue.subjects import Task
 from ._constraints import ModelName
 from .extensions import ShoalOptions
-from .jobs import RESULT_BYTES_PER_ITEM, Envelope, Usage, checked_texts, split_points, texts_of
+from .jobs import RESULT_BYTES_PER_ITEM, Envelope, InputUsage, checked_texts, split_points, texts_of
 
 __all__ = [
     "MultiVectorRequest",
@@ -122,7 +122,7 @@ class MultiVectorResponse(msgspec.Struct):
     data: list[MultiVectorData]
     model: str
     dims: int
-    usage: Usage
+    usage: InputUsage
     object: Literal["list"] = "list"
 
     @classmethod
@@ -141,7 +141,7 @@ class MultiVectorResponse(msgspec.Struct):
                 else block.tolist()
             )
             items.append(MultiVectorData(i, value, count))
-        return cls(data=items, model=model, dims=dims, usage=Usage.of(results))
+        return cls(data=items, model=model, dims=dims, usage=InputUsage.of(results))
 
 
 class NativeMultiVectorResponse(msgspec.Struct):
@@ -152,7 +152,7 @@ class NativeMultiVectorResponse(msgspec.Struct):
     offsets: list[int]
     dims: int
     dtype: Literal["float32", "float16"]
-    usage: Usage
+    usage: InputUsage
 
     @classmethod
     def from_results(cls, results: Sequence[MultiVectorResult], model: str):
@@ -164,5 +164,5 @@ class NativeMultiVectorResponse(msgspec.Struct):
             offsets=offsets,
             dims=results[0].dims,
             dtype=results[0].dtype,
-            usage=Usage.of(results),
+            usage=InputUsage.of(results),
         )

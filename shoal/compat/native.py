@@ -21,9 +21,9 @@ from ._constraints import ModelName
 from .embed import EmbedOptions, Vectors, build_embed_jobs, join_vectors
 from .errors import InvalidRequestError
 from .extensions import ShoalOptions
-from .jobs import Envelope
+from .jobs import Envelope, InputUsage
 
-__all__ = ["NativeEmbedRequest", "NativeEmbedResponse", "NativeUsage"]
+__all__ = ["NativeEmbedRequest", "NativeEmbedResponse"]
 
 
 class NativeEmbedRequest(msgspec.Struct, kw_only=True):
@@ -60,17 +60,12 @@ class NativeEmbedRequest(msgspec.Struct, kw_only=True):
         return NativeEmbedResponse.from_vectors(join_vectors(results), model)
 
 
-class NativeUsage(msgspec.Struct):
-    prompt_tokens: int
-    total_tokens: int
-
-
 class NativeEmbedResponse(msgspec.Struct):
     model: str
     data: bytes
     shape: tuple[int, int]
     dtype: Literal["float32", "float16"]
-    usage: NativeUsage
+    usage: InputUsage
 
     @classmethod
     def from_vectors(cls, vectors: Vectors, model: str) -> NativeEmbedResponse:
@@ -80,5 +75,5 @@ class NativeEmbedResponse(msgspec.Struct):
             data=vectors.data,
             shape=(vectors.rows, vectors.dims),
             dtype=vectors.dtype,
-            usage=NativeUsage(tokens, tokens),
+            usage=InputUsage(tokens, tokens),
         )

@@ -14,7 +14,7 @@ from ..queue.messages import NerJob, NerResult
 from ..queue.subjects import Task
 from ._constraints import ModelName, Score
 from .extensions import ShoalOptions
-from .jobs import Envelope, Usage, checked_texts, text_parts, texts_of
+from .jobs import Envelope, InputUsage, checked_texts, text_parts, texts_of
 
 __all__ = ["NativeNerRequest", "NerEntity", "NerRequest", "NerResponse"]
 
@@ -87,7 +87,7 @@ class NerData(msgspec.Struct):
 class NerResponse(msgspec.Struct):
     data: list[NerData]
     model: str
-    usage: Usage
+    usage: InputUsage
     object: Literal["list"] = "list"
 
     @classmethod
@@ -103,4 +103,4 @@ class NerResponse(msgspec.Struct):
             )
             for i, (text, entities) in enumerate(zip(texts, found, strict=True))
         ]
-        return cls(data=data, model=model, usage=Usage.of(results))
+        return cls(data=data, model=model, usage=InputUsage.of(results))

@@ -20,7 +20,7 @@ from ..queue.subjects import Task
 from ._constraints import ModelName
 from .errors import InvalidRequestError
 from .extensions import ShoalOptions
-from .jobs import Envelope, Usage, check_count, check_texts, text_parts
+from .jobs import Envelope, InputUsage, check_count, check_texts, text_parts
 
 __all__ = [
     "CohereRerankRequest",
@@ -116,7 +116,7 @@ class RerankResult(msgspec.Struct, omit_defaults=True):
 class RerankResponse(msgspec.Struct):
     results: list[RerankResult]
     model: str
-    usage: Usage
+    usage: InputUsage
     object: Literal["rerank"] = "rerank"
 
     @classmethod
@@ -132,7 +132,7 @@ class RerankResponse(msgspec.Struct):
             )
             for i in ranked(scores, request.top_n)
         ]
-        return cls(results=ranked_docs, model=model, usage=Usage.of(results))
+        return cls(results=ranked_docs, model=model, usage=InputUsage.of(results))
 
 
 class CohereRerankRequest(msgspec.Struct, kw_only=True):
@@ -172,7 +172,7 @@ class CohereRerankRequest(msgspec.Struct, kw_only=True):
     def respond(self, results: Sequence[ScoresResult], model: str) -> CohereRerankResponse:
         scores = np.array([s for r in results for s in r.scores])
         units = -(-len(self.documents) // DOCUMENTS_PER_SEARCH_UNIT)
-        tokens = Usage.of(results).prompt_tokens
+        tokens = InputUsage.of(results).prompt_tokens
         return CohereRerankResponse(
             id=results[0].request_id if results else "",
             results=[

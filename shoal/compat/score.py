@@ -19,7 +19,7 @@ from ..queue.subjects import Task
 from ._constraints import ModelName
 from .errors import InvalidRequestError
 from .extensions import ShoalOptions
-from .jobs import Envelope, Usage, check_count
+from .jobs import Envelope, InputUsage, check_count
 from .rerank import rerank_jobs
 
 __all__ = ["ScoreData", "ScoreRequest", "ScoreResponse"]
@@ -78,7 +78,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
             created=int(time.time()),
             model=model,
             data=[ScoreData(index=i, score=float(s)) for i, s in enumerate(scores)],
-            usage=Usage.of(results),
+            usage=InputUsage.of(results),
         )
 
 
@@ -93,5 +93,5 @@ class ScoreResponse(msgspec.Struct):
     created: int
     model: str
     data: list[ScoreData]
-    usage: Usage
+    usage: InputUsage
     object: Literal["list"] = "list"

@@ -25,7 +25,7 @@ from ..queue.messages import SparseJob, SparseResult
 from ..queue.subjects import Task
 from ._constraints import ModelName
 from .extensions import ShoalOptions
-from .jobs import Envelope, Usage, checked_texts, text_parts, texts_of
+from .jobs import Envelope, InputUsage, checked_texts, text_parts, texts_of
 
 __all__ = [
     "NativeSparseRequest",
@@ -73,7 +73,7 @@ class SparseRequest(msgspec.Struct, kw_only=True):
             SparseEmbedding(index=i, indices=ids.tolist(), values=values.tolist())
             for i, (ids, values) in enumerate(row for r in results for row in unpack(r))
         ]
-        return SparseResponse(data=data, model=model, usage=Usage.of(results))
+        return SparseResponse(data=data, model=model, usage=InputUsage.of(results))
 
 
 def unpack(result: SparseResult) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -95,7 +95,7 @@ class SparseEmbedding(msgspec.Struct):
 class SparseResponse(msgspec.Struct):
     data: list[SparseEmbedding]
     model: str
-    usage: Usage
+    usage: InputUsage
     object: Literal["list"] = "list"
 
 
@@ -118,7 +118,7 @@ class NativeSparseRequest(SparseRequest, kw_only=True):
             indices=b"".join(r.indices for r in results),
             values=b"".join(r.values for r in results),
             offsets=np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist(),
-            usage=Usage.of(results),
+            usage=InputUsage.of(results),
         )
 
 
@@ -130,4 +130,4 @@ class NativeSparseResponse(msgspec.Struct):
     indices: bytes
     values: bytes
     offsets: list[int]
-    usage: Usage
+    usage: InputUsage

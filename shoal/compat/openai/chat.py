@@ -19,11 +19,11 @@ from ..extensions import ShoalOptions
 from ..jobs import Envelope, check_texts
 from .generation import (
     ChatLogprob,
+    CompletionUsage,
     DeltaStream,
     MaxTokens,
     ResponseFormat,
     SamplingFields,
-    Usage,
     chat_logprob,
     check_max_tokens,
     one_entry_per_choice,
@@ -166,7 +166,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, dict=True):
     async def collect(self, stream: DeltaStream) -> ChatCompletion:
         """The whole response, once the generation is done."""
         deltas = [d async for batch in stream for d in batch]
-        usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+        usage = CompletionUsage.of(stream.prompt_tokens, stream.completion_tokens)
         completion = ChatCompletion.collect(
             f"chatcmpl-{secrets.token_hex(12)}", stream.model, deltas, self.n, self.logprobs, usage
         )
@@ -193,7 +193,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, dict=True):
             for choices in one_entry_per_choice(entries):
                 yield ChatCompletionChunk(cid, choices, created, model)
         if self.include_usage:
-            usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+            usage = CompletionUsage.of(stream.prompt_tokens, stream.completion_tokens)
             yield ChatCompletionChunk(cid, [], created, model, usage)
 
 
@@ -275,7 +275,7 @@ class ChatCompletion(msgspec.Struct):
     choices: list[Choice]
     created: int
     model: str
-    usage: Usage
+    usage: CompletionUsage
     object: Literal["chat.completion"] = "chat.completion"
 
     @classmethod
@@ -286,7 +286,7 @@ class ChatCompletion(msgspec.Struct):
         deltas: list[ChoiceDelta],
         n: int,
         logprobs: bool,
-        usage: Usage,
+        usage: CompletionUsage,
     ) -> ChatCompletion:
         """The whole response from every delta the stream gave, per choice in order."""
         texts = [""] * n
@@ -341,7 +341,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChunkChoice]
     created: int
     model: str
-    usage: Usage | None = None
+    usage: CompletionUsage | None = None
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
 
 

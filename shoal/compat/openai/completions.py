@@ -17,10 +17,10 @@ from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
 from ..jobs import Envelope, check_count, check_texts
 from .generation import (
+    CompletionUsage,
     DeltaStream,
     MaxTokens,
     SamplingFields,
-    Usage,
     check_max_tokens,
     one_entry_per_choice,
 )
@@ -81,7 +81,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     async def collect(self, stream: DeltaStream) -> Completion:
         """The whole response, once the generation is done."""
         deltas = [d async for batch in stream for d in batch]
-        usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+        usage = CompletionUsage.of(stream.prompt_tokens, stream.completion_tokens)
         prompts = stream.prompts if self.echo else [""] * stream.choices
         return Completion.collect(
             f"cmpl-{secrets.token_hex(12)}",
@@ -111,7 +111,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
             for choices in one_entry_per_choice(entries):
                 yield CompletionChunk(cid, choices, created, model)
         if self.include_usage:
-            usage = Usage.of(stream.prompt_tokens, stream.completion_tokens)
+            usage = CompletionUsage.of(stream.prompt_tokens, stream.completion_tokens)
             yield CompletionChunk(cid, [], created, model, usage)
 
 
@@ -148,7 +148,7 @@ class Completion(msgspec.Struct):
     choices: list[CompletionChoice]
     created: int
     model: str
-    usage: Usage
+    usage: CompletionUsage
     object: Literal["text_completion"] = "text_completion"
 
     @classmethod
@@ -160,7 +160,7 @@ class Completion(msgspec.Struct):
         n: int,
         with_logprobs: bool,
         prompts: list[str],
-        usage: Usage,
+        usage: CompletionUsage,
     ) -> Completion:
         """`prompts[i]` is the echoed prompt of choice i ("" without echo)."""
         texts = list(prompts)
@@ -190,5 +190,5 @@ class CompletionChunk(msgspec.Struct):
     choices: list[CompletionChoice]
     created: int
     model: str
-    usage: Usage | None = None
+    usage: CompletionUsage | None = None
     object: Literal["text_completion"] = "text_completion"

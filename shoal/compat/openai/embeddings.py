@@ -17,9 +17,9 @@ from .._constraints import ModelName, TokenId
 from ..embed import EmbedOptions, Vectors, build_embed_jobs, join_vectors
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
-from ..jobs import Envelope
+from ..jobs import Envelope, InputUsage
 
-__all__ = ["Embedding", "EmbeddingRequest", "EmbeddingResponse", "EmbeddingUsage"]
+__all__ = ["Embedding", "EmbeddingRequest", "EmbeddingResponse"]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
@@ -94,15 +94,10 @@ class Embedding(msgspec.Struct):
     object: Literal["embedding"] = "embedding"
 
 
-class EmbeddingUsage(msgspec.Struct):
-    prompt_tokens: int
-    total_tokens: int
-
-
 class EmbeddingResponse(msgspec.Struct):
     data: list[Embedding]
     model: str
-    usage: EmbeddingUsage
+    usage: InputUsage
     object: Literal["list"] = "list"
 
     @classmethod
@@ -121,4 +116,4 @@ class EmbeddingResponse(msgspec.Struct):
             matrix = np.frombuffer(vectors.data, dtype="<f4").reshape(vectors.rows, vectors.dims)
             data = [Embedding(i, row) for i, row in enumerate(matrix.tolist())]
         tokens = vectors.prompt_tokens
-        return cls(data=data, model=model, usage=EmbeddingUsage(tokens, tokens))
+        return cls(data=data, model=model, usage=InputUsage(tokens, tokens))

@@ -16,13 +16,13 @@ from .._constraints import Seed
 from ..errors import InvalidRequestError
 
 __all__ = [
+    "CompletionUsage",
     "DeltaStream",
     "JsonSchemaFormat",
     "ResponseFormat",
     "SamplingFields",
     "StreamOptions",
     "TopLogprob",
-    "Usage",
     "chat_logprob",
     "check_json_schema",
     "check_max_tokens",
@@ -198,13 +198,13 @@ class DeltaStream(Protocol):
     def __aiter__(self) -> AsyncIterator[list[ChoiceDelta]]: ...
 
 
-class Usage(msgspec.Struct):
+class CompletionUsage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
     @classmethod
-    def of(cls, prompt: int, completion: int) -> Usage:
+    def of(cls, prompt: int, completion: int) -> CompletionUsage:
         return cls(prompt, completion, prompt + completion)
 
 
