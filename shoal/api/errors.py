@@ -34,7 +34,7 @@ from ..compat.errors import (
 )
 from ..queue import (
     DeadlineExceededError,
-    ErrorKind,
+    FailureCode,
     JobFailedError,
     NoWorkerError,
     QueueFullError,
@@ -142,12 +142,12 @@ exception_handlers = {
 }
 
 
-_KIND_ERRORS: dict[ErrorKind, type[ShoalError]] = {
-    ErrorKind.INVALID_INPUT: InvalidRequestError,
-    ErrorKind.DEADLINE_EXCEEDED: GatewayTimeoutError,
-    ErrorKind.NOT_FOUND: NotFoundError,
-    ErrorKind.UNAVAILABLE: UnavailableError,
-    ErrorKind.INTERNAL: InternalError,
+_ERRORS_BY_CODE: dict[FailureCode, type[ShoalError]] = {
+    FailureCode.INVALID_INPUT: InvalidRequestError,
+    FailureCode.DEADLINE_EXCEEDED: GatewayTimeoutError,
+    FailureCode.NOT_FOUND: NotFoundError,
+    FailureCode.UNAVAILABLE: UnavailableError,
+    FailureCode.INTERNAL: InternalError,
 }
 
 
@@ -155,7 +155,7 @@ def as_shoal_error(exc: Exception, model: str) -> Exception:
     """The one table from queue-layer failures to HTTP errors."""
     match exc:
         case JobFailedError(failure=failure):
-            return _KIND_ERRORS[failure.kind](failure.message, param=failure.param or None)
+            return _ERRORS_BY_CODE[failure.code](failure.message, param=failure.param or None)
         case QueueFullError():
             return OverloadedError(
                 "The work queue is full; retry after a moment", retry_after=exc.retry_after

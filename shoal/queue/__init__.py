@@ -18,7 +18,7 @@ from .errors import (
 from .messages import (
     EmbedJob,
     EmbedResult,
-    ErrorKind,
+    FailureCode,
     GenerateChunk,
     GenerateJob,
     Job,
@@ -40,7 +40,7 @@ __all__ = [
     "EmbedResult",
     "EmbeddedNats",
     "EmbeddedNatsCluster",
-    "ErrorKind",
+    "FailureCode",
     "GenerateChunk",
     "GenerateJob",
     "Job",

@@ -26,7 +26,7 @@ import msgspec
 
 from ..config import NatsSettings
 from .errors import QueueUnavailableError
-from .messages import ErrorKind, JobFailed, decode_job_header, encode
+from .messages import FailureCode, JobFailed, decode_job_header, encode
 from .nats import Bus
 from .source import Delivery
 from .subjects import Subjects, token_model
@@ -111,11 +111,11 @@ class DeadLetters:
         error: str,
         deliveries: int,
         worker_id: str = "",
-        kind: ErrorKind = ErrorKind.INTERNAL,
+        code: FailureCode = FailureCode.INTERNAL,
         message: str = "",
     ) -> None:
         """Keep the item as a dead letter and answer its request with a failure of
-        `kind` (when its header reads; `message`, or one for the reason). Never raises: a
+        `code` (when its header reads; `message`, or one for the reason). Never raises: a
         letter that cannot be written is logged."""
         lane, model, op = _route(subject)
         try:
@@ -155,7 +155,7 @@ class DeadLetters:
             failure = JobFailed(
                 request_id=header.request_id,
                 part=header.part,
-                kind=kind,
+                code=code,
                 message=message or _FAILURE_MESSAGES.get(reason, "the work item failed"),
             )
             with contextlib.suppress(Exception):
@@ -168,7 +168,7 @@ class DeadLetters:
         reason: str,
         error: str,
         worker_id: str,
-        kind: ErrorKind = ErrorKind.INTERNAL,
+        code: FailureCode = FailureCode.INTERNAL,
         message: str = "",
     ) -> None:
         """`bury` for an item a worker holds (the worker then terminates it)."""
@@ -180,7 +180,7 @@ class DeadLetters:
             error=error,
             deliveries=delivery.num_delivered,
             worker_id=worker_id,
-            kind=kind,
+            code=code,
             message=message,
         )
 

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .messages import (
     OP_OF_JOB,
-    ErrorKind,
+    FailureCode,
     GenerateChunk,
     GenerateJob,
     Job,
@@ -284,7 +284,7 @@ class Dispatcher:
             reply = JobFailed(
                 request_id=ref.request_id,
                 part=ref.part,
-                kind=ErrorKind.UNAVAILABLE,
+                code=FailureCode.UNAVAILABLE,
                 message="the reply could not be read from the payload store",
             )
         self._deliver(reply)

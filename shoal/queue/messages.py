@@ -26,7 +26,7 @@ __all__ = [
     "EmbedJob",
     "EmbedResult",
     "Entity",
-    "ErrorKind",
+    "FailureCode",
     "GenerateChunk",
     "GenerateJob",
     "Job",
@@ -58,7 +58,7 @@ __all__ = [
 Dtype = Literal["float32", "float16"]
 
 
-class ErrorKind(enum.StrEnum):
+class FailureCode(enum.StrEnum):
     INVALID_INPUT = "invalid_input"
     """The request can never succeed as sent (e.g. too long with truncation off)."""
     DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -298,7 +298,8 @@ class GenerateChunk(_Wire, tag="gen_chunk", kw_only=True):
 class JobFailed(_Wire, tag="failed", kw_only=True):
     request_id: str
     part: int
-    kind: ErrorKind
+    code: FailureCode = msgspec.field(name="kind")
+    """Which failure; "kind" on the wire, as older gateways and workers read it."""
     message: str
     param: str = ""
 

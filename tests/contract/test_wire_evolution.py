@@ -52,6 +52,9 @@ def test_an_old_decoder_reads_a_newer_job() -> None:
 
 def test_replies_round_trip_and_are_told_apart_by_tag() -> None:
     result = EmbedResult(request_id="r", part=0, data=b"\x00" * 8, rows=1, dims=2)
-    failure = JobFailed(request_id="r", part=1, kind="invalid_input", message="no")
+    failure = JobFailed(request_id="r", part=1, code="invalid_input", message="no")
     assert decode_reply(encode(result)) == result
     assert decode_reply(encode(failure)) == failure
+    # The failure's code is still "kind" on the wire: gateways and workers of the release
+    # before the rename read it.
+    assert msgspec.msgpack.decode(encode(failure))["kind"] == "invalid_input"

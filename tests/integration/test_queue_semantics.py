@@ -17,7 +17,7 @@ from shoal.queue import (
     Bus,
     Dispatcher,
     EmbedJob,
-    ErrorKind,
+    FailureCode,
     JobFailedError,
     QueueFullError,
     Subjects,
@@ -265,7 +265,7 @@ async def test_an_expired_job_is_dropped_answered_and_acked(harness: Harness) ->
         [(harness.subjects.work("interactive", SPEC.id, "embed"), encode(job), "late.0")]
     )
     await _until(lambda: replies)
-    assert replies[0].kind is ErrorKind.DEADLINE_EXCEEDED
+    assert replies[0].code is FailureCode.DEADLINE_EXCEEDED
     assert adapter.batches == [1]  # only the warm-up ran
     await _until_stream_empty(harness)
 
@@ -274,7 +274,7 @@ async def test_too_long_input_without_truncation_fails_and_is_terminated(harness
     await harness.add_worker()
     with pytest.raises(JobFailedError) as info:
         await harness.embed(["w " * 50], truncate=False)
-    assert info.value.failure.kind is ErrorKind.INVALID_INPUT
+    assert info.value.failure.code is FailureCode.INVALID_INPUT
     assert "52 tokens" in info.value.failure.message
     # With truncation (the default) the same input is served.
     assert (await harness.embed(["w " * 50])).shape == (1, 16)
@@ -286,7 +286,7 @@ async def test_a_failing_forward_is_retried_then_fails_after_max_deliver(harness
     await harness.add_worker(adapter)
     with pytest.raises(JobFailedError) as info:
         await harness.embed(["boom"], timeout=30)
-    assert info.value.failure.kind is ErrorKind.INTERNAL
+    assert info.value.failure.code is FailureCode.INTERNAL
     assert adapter.failures == harness.settings.nats.max_deliver
     await _until_stream_empty(harness)
 
@@ -367,7 +367,7 @@ async def test_a_poison_input_fails_alone_and_ends_as_a_dead_letter(harness) -> 
     results = await asyncio.gather(*calls, return_exceptions=True)
     poisoned = results.pop(6)
     assert isinstance(poisoned, JobFailedError), poisoned
-    assert poisoned.failure.kind is ErrorKind.INTERNAL
+    assert poisoned.failure.code is FailureCode.INTERNAL
     assert "dead letter" in poisoned.failure.message
     for texts, got in zip(good, results, strict=True):
         np.testing.assert_allclose(got, expected(texts), rtol=1e-6)
@@ -503,7 +503,7 @@ async def test_an_item_the_worker_cannot_read_is_answered_not_left_to_time_out(h
     subject = harness.subjects.work("interactive", SPEC.id, "embed")
     await harness.bus.publish_work([(subject, future_job, "new.0")])
     await _until(lambda: replies)
-    assert replies[0].kind is ErrorKind.INTERNAL
+    assert replies[0].code is FailureCode.INTERNAL
     assert "could not read" in replies[0].message
     await _until_stream_empty(harness)
 

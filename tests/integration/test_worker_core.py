@@ -17,7 +17,7 @@ import pytest
 
 from shoal.config import Settings
 from shoal.model_registry import LiveRegistry, ModelRegistry, ModelSpec
-from shoal.queue import Bus, EmbedJob, EmbedResult, ErrorKind, JobFailed, Subjects
+from shoal.queue import Bus, EmbedJob, EmbedResult, FailureCode, JobFailed, Subjects
 from shoal.queue.dead_letters import DeadLetters
 from shoal.queue.messages import decode_heartbeat, decode_reply, encode
 from shoal.queue.provision import ensure_work_stream
@@ -180,11 +180,12 @@ async def test_a_refused_job_gets_its_failure_and_is_terminated(rig: Rig, outcom
     await until(lambda: rig.replies, "the failure")
     failure = rig.replies[0]
     assert isinstance(failure, JobFailed)
-    assert failure.kind is SETTLE[outcome].failure
+    assert failure.code is SETTLE[outcome].failure
     assert failure.message == f"scripted {outcome.value}"
-    assert failure.param == {ErrorKind.INVALID_INPUT: "input", ErrorKind.NOT_FOUND: "model"}.get(
-        failure.kind, ""
-    )
+    assert failure.param == {
+        FailureCode.INVALID_INPUT: "input",
+        FailureCode.NOT_FOUND: "model",
+    }.get(failure.code, "")
     await until_acked(rig, 1)  # a term moves the ack floor too: it is never redelivered
     await asyncio.sleep(0.3)
     assert (await rig.consumer()).num_redelivered == 0
@@ -196,7 +197,7 @@ async def test_a_failed_job_is_retried_then_kept_as_a_dead_letter(rig: Rig) -> N
     await rig.publish("outcome:failed", request_id="doomed")
     await until(lambda: rig.replies, "the failure after the last delivery", timeout=20)
     assert kind.accepted == rig.settings.nats.max_deliver  # nak'ed, delivered again, ...
-    assert isinstance(rig.replies[0], JobFailed) and rig.replies[0].kind is ErrorKind.INTERNAL
+    assert isinstance(rig.replies[0], JobFailed) and rig.replies[0].code is FailureCode.INTERNAL
     letters = await DeadLetters(rig.bus, rig.settings.nats, rig.subjects).recent(10, MODEL)
     assert [letter.request_id for _, letter in letters] == ["doomed"]
     assert letters[0][1].reason == "max_deliver"
@@ -220,7 +221,7 @@ async def test_an_expired_job_is_answered_and_acked_unrun(rig: Rig) -> None:
     await rig.start(kind)
     await rig.publish("ok", deadline=-1.0)
     await until(lambda: rig.replies, "the failure")
-    assert rig.replies[0].kind is ErrorKind.DEADLINE_EXCEEDED
+    assert rig.replies[0].code is FailureCode.DEADLINE_EXCEEDED
     assert kind.accepted == 0
     await until_acked(rig, 1)
 

@@ -19,7 +19,7 @@ import logging
 
 import msgspec
 
-from ...queue import Delivery, ErrorKind
+from ...queue import Delivery, FailureCode
 from ...queue.dead_letters import DeadLetters
 from ...queue.messages import Job
 from ...queue.objects import ObjectNotFoundError, ObjectStoreError
@@ -60,7 +60,7 @@ async def read_job(
                 "payload_unreadable",
                 message,
                 worker_id,
-                kind=ErrorKind.UNAVAILABLE,
+                code=FailureCode.UNAVAILABLE,
             )
     return None
 
@@ -71,12 +71,12 @@ async def refuse(
     reason: str,
     message: str,
     worker_id: str,
-    kind: ErrorKind = ErrorKind.INTERNAL,
+    code: FailureCode = FailureCode.INTERNAL,
 ) -> None:
     """Keep the item as a dead letter, answer its request with a failure if its header
     reads, then drop the item for good."""
     await dead_letters.bury_delivery(
-        delivery, reason=reason, error=message, worker_id=worker_id, kind=kind, message=message
+        delivery, reason=reason, error=message, worker_id=worker_id, code=code, message=message
     )
     with contextlib.suppress(Exception):
         await delivery.term()

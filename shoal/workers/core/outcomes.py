@@ -26,7 +26,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-from ...queue import ErrorKind
+from ...queue import FailureCode
 
 __all__ = ["SETTLE", "Outcome", "Settlement"]
 
@@ -52,17 +52,17 @@ class Settlement:
     and the failure the requester is sent, if any."""
 
     action: Literal["ack", "nak", "term", "none"]
-    failure: ErrorKind | None = None
+    failure: FailureCode | None = None
     delay: float = 0.0
 
 
 SETTLE: dict[Outcome, Settlement] = {
     Outcome.ANSWERED: Settlement("ack"),
-    Outcome.EXPIRED: Settlement("ack", ErrorKind.DEADLINE_EXCEEDED),
-    Outcome.INVALID: Settlement("term", ErrorKind.INVALID_INPUT),
-    Outcome.NOT_FOUND: Settlement("term", ErrorKind.NOT_FOUND),
-    Outcome.UNAVAILABLE: Settlement("term", ErrorKind.UNAVAILABLE),
-    Outcome.INTERNAL: Settlement("term", ErrorKind.INTERNAL),
+    Outcome.EXPIRED: Settlement("ack", FailureCode.DEADLINE_EXCEEDED),
+    Outcome.INVALID: Settlement("term", FailureCode.INVALID_INPUT),
+    Outcome.NOT_FOUND: Settlement("term", FailureCode.NOT_FOUND),
+    Outcome.UNAVAILABLE: Settlement("term", FailureCode.UNAVAILABLE),
+    Outcome.INTERNAL: Settlement("term", FailureCode.INTERNAL),
     Outcome.CANCELLED: Settlement("ack"),
     # On its last delivery a FAILED job is kept as a dead letter instead (which answers
     # its request) and terminated: the worker core does that, not this row.

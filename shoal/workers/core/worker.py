@@ -33,7 +33,7 @@ from ...model_registry import LiveRegistry, ModelSpec
 from ...queue import Bus, JobFailed, Subjects, WorkerHeartbeat
 from ...queue.dead_letters import DeadLetters
 from ...queue.errors import PayloadStoreError
-from ...queue.messages import ErrorKind, Reply, encode
+from ...queue.messages import FailureCode, Reply, encode
 from ...queue.payloads import PayloadStore, open_payload_store
 from ...queue.provision import ensure_consumer, ensure_work_stream
 from ...queue.source import Delivery
@@ -53,7 +53,7 @@ _FETCH_MAX = 64
 _BATCH_LANE_POLL = 0.02
 """Seconds between looks for room to pull batch-lane work into: its room depends on
 live traffic, which no event announces."""
-_PARAM_OF = {ErrorKind.INVALID_INPUT: "input", ErrorKind.NOT_FOUND: "model"}
+_PARAM_OF = {FailureCode.INVALID_INPUT: "input", FailureCode.NOT_FOUND: "model"}
 """The request field a failure names, unless the kind names another."""
 
 
@@ -316,7 +316,7 @@ class Worker:
             failure = JobFailed(
                 request_id=job.request_id,
                 part=job.part,
-                kind=rule.failure,
+                code=rule.failure,
                 message=message,
                 param=param if param is not None else _PARAM_OF.get(rule.failure, ""),
             )
