@@ -3,9 +3,9 @@
 NATS refuses a message over the server's `max_payload` (1 MiB by default). The gateway
 already cuts requests into items far below it, so what remains is the rare item that
 cannot be cut (one huge text, one huge document) and the rare reply that is too large.
-Such a message is stored under `payloads/<request id>.<part>.<kind>` and a `PayloadRef`
-(request id, part, reply subject, key) travels in its place; whoever receives the ref
-fetches the bytes. The gateway deletes a request's stored items once the request is
+Such a message is stored under `payloads/<request id>.<part>.<job|result>` and a
+`PayloadRef` (request id, part, reply subject, key) travels in its place; whoever
+receives the ref fetches the bytes. The gateway deletes a request's stored items once the request is
 answered or abandoned (deadline, client gone), and a stored reply as soon as it has
 read it. A store that cannot be written fails the request with a clear 503.
 """
@@ -47,17 +47,17 @@ class PayloadStore:
         return len(message) <= self.limit
 
     async def offload(
-        self, message: bytes, request_id: str, part: int, reply_to: str, kind: str
+        self, message: bytes, request_id: str, part: int, reply_to: str, what: str
     ) -> tuple[bytes, str | None]:
         """`(message, None)` if it fits in one NATS message, else the encoded
-        `PayloadRef` to it and the key it is stored under.
+        `PayloadRef` to it and the key it is stored under (`what`: "job" or "result").
 
         Raises:
             PayloadStoreError: the store could not take it.
         """
         if self.fits(message):
             return message, None
-        key = key_for(request_id, part, kind)
+        key = key_for(request_id, part, what)
         try:
             await self.objects.put_bytes(key, message)
         except ObjectStoreError as exc:
@@ -110,5 +110,5 @@ def open_payload_store(settings: Settings, bus: Bus) -> PayloadStore:
     return PayloadStore.on(objects, settings, bus)
 
 
-def key_for(request_id: str, part: int, kind: str) -> str:
-    return f"payloads/{request_id}.{part}.{kind}"
+def key_for(request_id: str, part: int, what: str) -> str:
+    return f"payloads/{request_id}.{part}.{what}"
