@@ -11,7 +11,7 @@ import torch
 from ..adapters import EncoderAdapter
 from ..adapters._openvino import side_by_side
 from ..adapters.base import Tokenized
-from .held import HeldJob
+from .held import EncoderHeld
 
 __all__ = ["forward_isolating", "prepare", "too_long"]
 
@@ -59,7 +59,7 @@ def forward_isolating(
     return left + right, errors
 
 
-def prepare(adapter: EncoderAdapter, jobs: list[HeldJob]) -> list[list[Tokenized] | str]:
+def prepare(adapter: EncoderAdapter, jobs: list[EncoderHeld]) -> list[list[Tokenized] | str]:
     """On the tokenizer thread: each job's rows; a job whose inputs the model cannot take
     gets an error message instead."""
     out: list[list[Tokenized] | str] = []
@@ -71,7 +71,7 @@ def prepare(adapter: EncoderAdapter, jobs: list[HeldJob]) -> list[list[Tokenized
     return out
 
 
-def too_long(held: HeldJob, index: int, tok: Tokenized, limit: int) -> str:
+def too_long(held: EncoderHeld, index: int, tok: Tokenized, limit: int) -> str:
     return (
         f"input {held.job.first_index + index} has {tok.full_length} tokens, more than the "
         f"model's maximum of {limit}; shorten it or send truncate=true"

@@ -11,7 +11,7 @@ from ...queue.source import Delivery
 from ..adapters.base import Tokenized
 from ..core import Held
 
-__all__ = ["HeldJob", "Unit", "jobs_of"]
+__all__ = ["EncoderHeld", "Unit", "jobs_of"]
 
 
 class Unit:
@@ -19,7 +19,7 @@ class Unit:
 
     __slots__ = ("held", "row", "tok")
 
-    def __init__(self, held: HeldJob, row: int, tok: Tokenized) -> None:
+    def __init__(self, held: EncoderHeld, row: int, tok: Tokenized) -> None:
         self.held = held
         self.row = row
         self.tok = tok
@@ -29,7 +29,7 @@ class Unit:
         return len(self.tok.ids)
 
 
-class HeldJob(Held):
+class EncoderHeld(Held):
     """An encoder job in a worker: its rows and their outputs."""
 
     __slots__ = (
@@ -69,6 +69,6 @@ class HeldJob(Held):
         return self.remaining == 0
 
 
-def jobs_of(units: list[Unit]) -> list[HeldJob]:
+def jobs_of(units: list[Unit]) -> list[EncoderHeld]:
     """The jobs `units` belong to, each once, in order."""
     return list({id(u.held): u.held for u in units}.values())

@@ -9,7 +9,7 @@ from typing import Literal, NamedTuple
 from ...model_registry import ModelSpec
 from ..adapters.base import EncoderAdapter
 from ..batcher import Batcher
-from .held import HeldJob, Unit
+from .held import EncoderHeld, Unit
 
 __all__ = ["BatcherKey", "EncoderModel", "ModelState"]
 
@@ -41,7 +41,7 @@ class EncoderModel:
         self.error = ""
         """Why loading failed (state `failed`)."""
         self.batchers: dict[BatcherKey, Batcher[Unit]] = {}
-        self.waiting: list[HeldJob] = []
+        self.waiting: list[EncoderHeld] = []
         """Jobs pulled while the model was not resident: tokenized once it is."""
         self.running = 0
         self.seconds_per_token = 0.0

@@ -24,12 +24,12 @@ from ...queue.messages import (
 )
 from ..adapters.base import EncoderAdapter
 from ..ner import Window, entities_for_text
-from .held import HeldJob
+from .held import EncoderHeld
 
 __all__ = ["build_result"]
 
 
-def build_result(held: HeldJob, adapter: EncoderAdapter) -> Result:
+def build_result(held: EncoderHeld, adapter: EncoderAdapter) -> Result:
     job = held.job
     timing = _timing(held)
     match job:
@@ -53,7 +53,7 @@ def build_result(held: HeldJob, adapter: EncoderAdapter) -> Result:
     raise TypeError(f"no result for {type(job).__name__}")
 
 
-def _sparse(held: HeldJob, timing: dict) -> SparseResult:
+def _sparse(held: EncoderHeld, timing: dict) -> SparseResult:
     """Each row's nonzero weights (over `threshold`; the `top_k` largest), by index."""
     job: SparseJob = held.job
     ids, values, counts = [], [], []
@@ -74,7 +74,7 @@ def _sparse(held: HeldJob, timing: dict) -> SparseResult:
     )
 
 
-def _timing(held: HeldJob) -> dict:
+def _timing(held: EncoderHeld) -> dict:
     now = time.time()
     return {
         "prompt_tokens": held.prompt_tokens,
@@ -91,7 +91,7 @@ def _normalized(rows: np.ndarray) -> np.ndarray:
     return rows / np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-12)
 
 
-def _embed(held: HeldJob, adapter: EncoderAdapter, timing: dict) -> EmbedResult:
+def _embed(held: EncoderHeld, adapter: EncoderAdapter, timing: dict) -> EmbedResult:
     """`dimensions` applied (re-normalized), cast to the asked dtype."""
     job = held.job
     vectors = np.stack(held.outputs)
@@ -111,7 +111,7 @@ def _embed(held: HeldJob, adapter: EncoderAdapter, timing: dict) -> EmbedResult:
     )
 
 
-def _multivector(held: HeldJob, adapter: EncoderAdapter, timing: dict) -> MultiVectorResult:
+def _multivector(held: EncoderHeld, adapter: EncoderAdapter, timing: dict) -> MultiVectorResult:
     job: MultiVectorJob = held.job
     punctuation = getattr(adapter, "punctuation", None)
     kept = []
@@ -136,7 +136,7 @@ def _multivector(held: HeldJob, adapter: EncoderAdapter, timing: dict) -> MultiV
     )
 
 
-def _ner(held: HeldJob, adapter, timing: dict) -> NerResult:
+def _ner(held: EncoderHeld, adapter, timing: dict) -> NerResult:
     job: NerJob = held.job
     table = adapter.label_table
     windows: list[list[Window]] = [[] for _ in job.texts]
@@ -169,7 +169,7 @@ def _probabilities(logits: np.ndarray, adapter) -> np.ndarray:
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
-def _classify(held: HeldJob, adapter, timing: dict) -> ClassifyResult:
+def _classify(held: EncoderHeld, adapter, timing: dict) -> ClassifyResult:
     job: ClassifyJob = held.job
     probs = _probabilities(np.stack(held.outputs), adapter)
     order = np.argsort(-probs, axis=1, kind="stable")

@@ -4,7 +4,7 @@ once the job is answered (times kept on the held job as its batches run)."""
 from __future__ import annotations
 
 from ..observe import record_job_spans
-from .held import HeldJob, Unit, jobs_of
+from .held import EncoderHeld, Unit, jobs_of
 
 __all__ = ["note_forward", "record_spans"]
 
@@ -19,7 +19,7 @@ def note_forward(batch: list[Unit], started: float, ended: float, tokens: int) -
             held.batch_seen = (len(batch), tokens)
 
 
-def record_spans(held: HeldJob, model: str, publish_started: float, ended: float) -> None:
+def record_spans(held: EncoderHeld, model: str, publish_started: float, ended: float) -> None:
     assert held.trace is not None
     job = held.job
     attributes = {"shoal.model": model, "shoal.op": held.op, "shoal.request_id": job.request_id}

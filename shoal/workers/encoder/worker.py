@@ -48,7 +48,7 @@ from ..batcher import Batcher
 from ..core import Core, Held, Outcome, Worker, WorkerKind
 from ..observe import WorkerMetrics
 from .forward import forward_isolating, prepare, too_long
-from .held import HeldJob, Unit, jobs_of
+from .held import EncoderHeld, Unit, jobs_of
 from .loader import Loader, LoadError
 from .model import EncoderModel
 from .passes import Pass
@@ -223,13 +223,13 @@ class EncoderKind(WorkerKind):
         return self.schedule.room(model, batch_lane, len(held), held_batch_lane)
 
     def hold(self, delivery: Delivery, job: Job, batch_lane: bool) -> Held:
-        return HeldJob(delivery, job, batch_lane)
+        return EncoderHeld(delivery, job, batch_lane)
 
     async def accept(self, model: str, jobs: list[Held], batch_lane: bool) -> None:
         if not batch_lane:
             self.schedule.live_arrived()
         served = self.models[model]
-        fresh: list[HeldJob] = jobs  # type: ignore[assignment]
+        fresh: list[EncoderHeld] = jobs  # type: ignore[assignment]
         if served.state != "resident":
             served.waiting.extend(fresh)
             if served.state in ("unloaded", "failed"):
@@ -246,7 +246,7 @@ class EncoderKind(WorkerKind):
                 batcher.drop(lambda u: not u.held.done)
         self._signal()
 
-    async def _queue(self, model: EncoderModel, jobs: list[HeldJob]) -> None:
+    async def _queue(self, model: EncoderModel, jobs: list[EncoderHeld]) -> None:
         """Tokenize jobs for a resident model into its batchers."""
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self._tokenize, prepare, model.adapter, jobs)
@@ -345,7 +345,7 @@ class EncoderKind(WorkerKind):
             self._passes.add(settling)
             settling.add_done_callback(self._passes.discard)
 
-    async def _settle_all(self, jobs: list[HeldJob], outcome: Outcome) -> None:
+    async def _settle_all(self, jobs: list[EncoderHeld], outcome: Outcome) -> None:
         for held in jobs:
             await self.core.settle(held, outcome, "answering failed")
 
@@ -403,7 +403,7 @@ class EncoderKind(WorkerKind):
         self, model: EncoderModel, batch: list[Unit], errors: dict[int, str]
     ) -> None:
         """Only the jobs whose own inputs failed retry; their batch mates are answered."""
-        failed: dict[int, tuple[HeldJob, str]] = {}
+        failed: dict[int, tuple[EncoderHeld, str]] = {}
         for i, error in errors.items():
             failed.setdefault(id(batch[i].held), (batch[i].held, error))
         log.error(
@@ -425,7 +425,7 @@ class EncoderKind(WorkerKind):
                 message = "the request's deadline passed before it ran"
                 await self.core.settle(held, Outcome.EXPIRED, message)
 
-    async def _answer(self, held: HeldJob, model: EncoderModel) -> None:
+    async def _answer(self, held: EncoderHeld, model: EncoderModel) -> None:
         try:
             result = build_result(held, model.adapter)
         except Exception:

@@ -32,7 +32,7 @@ from ...queue.payloads import PayloadStore
 from ..core import Held, Outcome, Worker, WorkerKind
 from ..observe import WorkerMetrics
 from .engine import SequenceRequest, TokenEvent
-from .running import LiveDemand, Running, record_spans
+from .held import GenerationHeld, LiveDemand, record_spans
 from .runtime import GenerationRuntime, TransformersRuntime
 
 __all__ = ["GenerationKind", "GenerationWorker"]
@@ -85,7 +85,7 @@ class GenerationKind(WorkerKind):
         self._runtimes: list[GenerationRuntime] = []
         """Every runtime started or starting: a stop stops them all (a server that is
         still starting included)."""
-        self._jobs: dict[str, Running] = {}
+        self._jobs: dict[str, GenerationHeld] = {}
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-gen-load")
         self._resolver = SourceResolver.of(settings)
         self.metrics = WorkerMetrics("generator")
@@ -211,7 +211,7 @@ class GenerationKind(WorkerKind):
         )
 
     def hold(self, delivery: Delivery, job: Job, batch_lane: bool) -> Held:
-        return Running(delivery, job, batch_lane)
+        return GenerationHeld(delivery, job, batch_lane)
 
     async def accept(self, model: str, jobs: list[Held], batch_lane: bool) -> None:
         served = self.models[model]
@@ -220,7 +220,7 @@ class GenerationKind(WorkerKind):
         if not batch_lane:
             served.live.note(self._live_sequences(model))
 
-    async def _start(self, model: _Model, running: Running) -> None:
+    async def _start(self, model: _Model, running: GenerationHeld) -> None:
         job: GenerateJob = running.job  # type: ignore[assignment]
         # Chat jobs carry messages, completions a prompt: name the field the client sent.
         field = "messages" if job.messages else "prompt"
@@ -277,7 +277,7 @@ class GenerationKind(WorkerKind):
             ]
         )
 
-    def _running_part(self, job: GenerateJob) -> Running | None:
+    def _running_part(self, job: GenerateJob) -> GenerationHeld | None:
         for running in self._jobs.values():
             if running.job.request_id == job.request_id and running.job.part == job.part:
                 return running
@@ -305,7 +305,7 @@ class GenerationKind(WorkerKind):
                 if running is not None and not running.done:
                     await self._send(model, running, job_events)
 
-    async def _send(self, model: _Model, running: Running, events: list[TokenEvent]) -> None:
+    async def _send(self, model: _Model, running: GenerationHeld, events: list[TokenEvent]) -> None:
         error = next((e.error for e in events if e.error), "")
         if error:
             self._jobs.pop(running.key, None)
@@ -348,7 +348,7 @@ class GenerationKind(WorkerKind):
             if running.trace is not None:
                 record_spans(running, model.spec.id)
 
-    def _note_tokens(self, model: _Model, running: Running, generated: int) -> None:
+    def _note_tokens(self, model: _Model, running: GenerationHeld, generated: int) -> None:
         """Time to first token (from publish, as the client waits) and between tokens."""
         if not generated:
             return
@@ -363,7 +363,11 @@ class GenerationKind(WorkerKind):
         self.metrics.generated(model.spec.id, generated)
 
     async def _publish(
-        self, running: Running, deltas: list[ChoiceDelta], done: bool = False, prompt: str = ""
+        self,
+        running: GenerationHeld,
+        deltas: list[ChoiceDelta],
+        done: bool = False,
+        prompt: str = "",
     ) -> None:
         job = running.job
         chunk = GenerateChunk(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.workers.generation.running import LiveDemand
+from shoal.workers.generation.held import LiveDemand
 
 
 class Clock:

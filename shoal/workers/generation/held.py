@@ -1,5 +1,6 @@
-"""A generation job while a worker holds it (`Running`), the free slots batch work leaves
-to live requests (`LiveDemand`), and a traced job's spans."""
+"""A generation job while a worker holds it (`GenerationHeld`, as encoder/held.py's
+`EncoderHeld`: both extend the core's `Held`), the free slots batch work leaves to live
+requests (`LiveDemand`), and a traced job's spans."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from ...queue.messages import ChoiceDelta, Job
 from ..core import Held
 from ..observe import record_job_spans
 
-__all__ = ["LiveDemand", "Running", "record_spans"]
+__all__ = ["GenerationHeld", "LiveDemand", "record_spans"]
 
 
-class Running(Held):
+class GenerationHeld(Held):
     """A generation job on this worker: its sequences' progress and its stream's state."""
 
     __slots__ = (
@@ -71,7 +72,7 @@ class LiveDemand:
         return min(self.cap, self._peak + 1)
 
 
-def record_spans(running: Running, model: str) -> None:
+def record_spans(running: GenerationHeld, model: str) -> None:
     assert running.trace is not None
     job = running.job
     attributes = {"shoal.model": model, "shoal.op": "generate", "shoal.request_id": job.request_id}
