@@ -19,16 +19,12 @@ from litestar.response import Stream
 
 from ..compat.errors import ShoalError
 from ..compat.extensions import ShoalOptions
-from ..compat.jobs import Envelope
 from ..compat.openai.chat import ChatCompletionRequest
 from ..compat.openai.completions import CompletionRequest
 from ..compat.openai.responses import ResponseRequest
-from ..config import GatewaySettings
-from ..model_registry import ModelSpec
-from ..queue import Job
 from ..queue.messages import Result
 from .endpoints import batchable
-from .gateway import Gateway, Target
+from .gateway import Gateway, JobsRequest, Target
 from .generation import Generation
 
 __all__ = [
@@ -46,15 +42,13 @@ SSE = "text/event-stream"
 _encode_json = msgspec.json.Encoder().encode
 
 
-class TaskRequest(Protocol):
+class TaskRequest(JobsRequest, Protocol):
     """An encoder request, JSON or native: which task its model must serve, its jobs,
     and its response from their results."""
 
     op: ClassVar[str]
     model: str
     shoal: ShoalOptions | None
-
-    def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> Sequence[Job]: ...
 
     def respond(self, results: Sequence[Any], model: str) -> msgspec.Struct: ...
 
@@ -70,8 +64,7 @@ class Answer(NamedTuple):
 async def results_of(gateway: Gateway, request: TaskRequest) -> tuple[list[Result], Target]:
     """Resolve, build the jobs, run them through the queue: the results in order."""
     target = gateway.resolve(request.model, request.op, request.shoal)
-    limits = gateway.settings.gateway
-    results = await gateway.run(target, lambda env: request.to_jobs(env, target.spec, limits))
+    results = await gateway.run(target, request)
     return results, target
 
 
@@ -91,8 +84,7 @@ GenerationRequest = ChatCompletionRequest | CompletionRequest | ResponseRequest
 def start_generation(gateway: Gateway, request: GenerationRequest) -> Generation:
     """Resolve and build the jobs; iterating the generation runs them."""
     target = gateway.resolve(request.model, "generate", request.shoal)
-    limits = gateway.settings.gateway
-    jobs = gateway.prepare(target, lambda env: request.to_jobs(env, target.spec, limits))
+    jobs = gateway.prepare(target, request)
     return Generation(gateway, jobs, target.name)  # type: ignore[arg-type]
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable
-from typing import Annotated, TypeVar
+from collections.abc import Sequence
+from typing import Annotated, Protocol
 
 import msgspec
 from litestar.params import Dependency
@@ -23,7 +23,7 @@ from ..compat.errors import (
 )
 from ..compat.extensions import ShoalOptions
 from ..compat.jobs import Envelope
-from ..config import Settings
+from ..config import GatewaySettings, Settings
 from ..model_registry import (
     LiveRegistry,
     ModelRegistry,
@@ -50,11 +50,15 @@ from .files import FileStore
 from .keys import PermissionDeniedError
 from .observe import note_request
 
-__all__ = ["Gateway", "GatewayDep", "Target"]
+__all__ = ["Gateway", "GatewayDep", "JobsRequest", "Target"]
 
 log = logging.getLogger(__name__)
 
-J = TypeVar("J")
+
+class JobsRequest(Protocol):
+    """A request the gateway can turn into jobs: every encoder and generation request."""
+
+    def to_jobs(self, env: Envelope, spec: ModelSpec, limits: GatewaySettings) -> Sequence[Job]: ...
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -187,9 +191,9 @@ class Gateway:
                 ) from None
         return Target(spec, adapter)
 
-    def prepare(self, target: Target, build: Callable[[Envelope], list[J]]) -> list[J]:
-        """A request's jobs, built for a new request id, this gateway's inbox and the
-        request deadline."""
+    def prepare(self, target: Target, request: JobsRequest) -> list[Job]:
+        """`request`'s jobs for `target`, built for a new request id, this gateway's
+        inbox and the request deadline."""
         dispatcher = self.dispatcher
         deadline = time.time() + self.request_timeout
         request_id = dispatcher.new_request_id()
@@ -197,12 +201,12 @@ class Gateway:
         env = Envelope(
             request_id, target.spec.id, dispatcher.reply_subject, deadline, target.adapter
         )
-        return build(env)
+        return list(request.to_jobs(env, target.spec, self.settings.gateway))
 
-    async def run(self, target: Target, build: Callable[[Envelope], list[Job]]) -> list[Result]:
-        """Build a request's jobs and run them through the queue; queue and worker
-        failures become ShoalErrors."""
-        jobs = self.prepare(target, build)
+    async def run(self, target: Target, request: JobsRequest) -> list[Result]:
+        """Build `request`'s jobs for `target` and run them through the queue; queue and
+        worker failures become ShoalErrors."""
+        jobs = self.prepare(target, request)
         try:
             results = await self.dispatcher.submit(
                 jobs[0].request_id, jobs, self.lane, jobs[0].deadline
