@@ -65,7 +65,7 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     min_weight_agreement: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.9
     """The least share of probe positions where a model with compressed weights
     (`weights = "int8"`) must pick the same next token as the float32 one to be
-    served compressed (SmolLM2-135M in int8: 0.95 on its own answers)."""
+    served compressed (SmolLM2-135M's int8 agreement: perf/results/README.md)."""
     openvino_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=16)] = 4
     """Speculative decoding of a lone greedy sequence on the OpenVINO runtime: the
     model's int8 copy drafts this many tokens and the full model checks them in one

@@ -69,8 +69,8 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Longest an idle worker waits for more work to join a batch that is not full."""
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Precision of the forward pass. On a GPU the weights are cast. On a CPU `bfloat16`
-    runs under autocast where the CPU has native bf16 (AVX512-BF16, AMX), about 2x
-    float32 for MiniLM with cosine >= 0.9999 to it; elsewhere, and for `float16`, a CPU
+    runs under autocast where the CPU has native bf16 (AVX512-BF16, AMX), faster than
+    float32 and close to it (perf/results/README.md); elsewhere, and for `float16`, a CPU
     serves float32 (emulated half precision is slower)."""
     weights: Literal["native", "float32", "int8"] = "native"
     """Generation on OpenVINO only. `native`: the checkpoint's weights as shipped (a GGUF's
