@@ -14,7 +14,7 @@ EXPORT_STAMP := $(EXPORT)/.installed
 # make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
-.PHONY: setup serve test check lint clean browser
+.PHONY: setup serve test check lint docs clean browser
 
 setup: $(STAMP) $(EXPORT_STAMP)
 
@@ -57,6 +57,11 @@ test: setup browser lint
 # the ones that load real models (`slow`); `make test` runs everything.
 check: lint
 	$(BIN)/pytest -q -m "not slow" tests/unit tests/integration
+
+# The docs site (docs/, mkdocs.yml) on 127.0.0.1:8001, rebuilt on each edit. `make test`
+# and `make check` build it with --strict (tests/unit/test_docs_build.py).
+docs: $(STAMP)
+	$(BIN)/mkdocs serve -a 127.0.0.1:8001
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

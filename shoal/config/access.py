@@ -13,7 +13,10 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The gateway's address and its limits on what one request may ask."""
 
     host: str = "127.0.0.1"
+    """The address the gateway listens on; beyond loopback it needs API keys (or
+    `auth.allow_unauthenticated`)."""
     port: int = 8000
+    """The gateway's port (`shoal serve --gateways N` uses it and the ports after it)."""
     request_timeout: float = 120.0
     """Seconds a request may take end to end; past it the answer is 504."""
     max_body_bytes: int = 32 * 1024 * 1024
@@ -48,6 +51,7 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_ttl: float = 5.0
     """Seconds after its last heartbeat that a worker counts as gone."""
     uvicorn_workers: int = 1
+    """Not read: a gateway is one uvicorn process; for more, run more gateways."""
     allowed_hosts: list[str] = []
     """Host names, besides loopback ones, that a gateway without API keys answers to (a
     name it is reached by through a local proxy, say). Others are refused, so a web page

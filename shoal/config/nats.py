@@ -19,6 +19,7 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     user: str = ""
     """User name, with `password` (the server's `authorization` users)."""
     password: str = ""
+    """The password of `user`; never logged (`***` in settings' repr)."""
     token: str = ""
     """An authorization token, instead of a user and password."""
     creds_file: str = ""
@@ -33,6 +34,7 @@ class NatsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tls_cert_file: str = ""
     """A PEM client certificate, with `tls_key_file`, for servers that verify clients."""
     tls_key_file: str = ""
+    """The PEM private key of `tls_cert_file`."""
     tls_server_name: str = ""
     """The name the server's certificate must carry, when it differs from the URL's host."""
     tls_handshake_first: bool = True

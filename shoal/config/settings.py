@@ -21,6 +21,7 @@ class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """A worker's `/metrics` port (Prometheus text); 0: none. The gateway serves
     `/metrics` on its own port."""
     metrics_host: str = "127.0.0.1"
+    """The address a worker's `/metrics` listens on (loopback unless set)."""
     otel: dict[str, str] = {}
     """The standard `OTEL_*` variables of the environment (traces are off unless they
     name an exporter or an OTLP endpoint); filled in by `load_settings`."""
@@ -47,6 +48,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     written whole or not at all, so processes with different data dirs may share one;
     empty: `data_dir/cache`."""
     log_level: str = "info"
+    """`debug`, `info`, `warning` or `error` (`--log-level` on the command line)."""
     serve_generation: bool = True
     """Whether `shoal serve` starts a generation worker beside the encoder worker."""
     nats: NatsSettings = msgspec.field(default_factory=NatsSettings)

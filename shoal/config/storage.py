@@ -17,8 +17,11 @@ class S3Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     endpoint_url: str = ""
     """An S3-compatible endpoint (SeaweedFS, MinIO, ...); empty: AWS."""
     region: str = ""
+    """The S3 region; empty: boto3's own choice."""
     access_key_id: str = ""
+    """With `secret_access_key`; empty: boto3's configuration chain."""
     secret_access_key: str = ""
+    """Never logged; `shoal serve` hands it to its processes in a 0600 file."""
 
 
 class ObjectStoreSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -33,6 +33,8 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """While live traffic is about, batch-lane forward passes are cut to take about this
     long (and run on half the CPU threads), so live requests wait little behind them."""
     heartbeat_interval: float = 1.0
+    """Seconds between a worker's heartbeats (what it serves, its load), which gateways
+    and the status page read; `gateway.worker_ttl` after the last one it counts as gone."""
 
 
 class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -42,6 +44,8 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """Generation models this worker serves; `*` serves every model with the `generate`
     task in the spec files."""
     device: str = "auto"
+    """`auto` (CUDA when present), `cpu`, `cuda`, `cuda:1`, ... for the transformers and
+    OpenVINO runtimes; an SGLang server is not told it (`CUDA_VISIBLE_DEVICES` is)."""
     max_running: int = 0
     """Sequences generated at once (the continuous batch); 0: the model profile's
     `max_batch_items`."""
@@ -52,6 +56,8 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     sglang_args: list[str] = msgspec.field(default_factory=list)
     """Extra flags for the SGLang server (e.g. `--mem-fraction-static 0.8`)."""
     sglang_start_timeout: float = 600.0
+    """Seconds an SGLang server may take to start (load and capture) before the worker
+    gives up on it."""
     openvino_export_command: list[str] = []
     """How to run `optimum-cli` for the OpenVINO runtime's one-time export of a model;
     empty: one beside this Python, else the `.venv-export` beside this venv (`make
@@ -59,7 +65,7 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     min_weight_agreement: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.9
     """The least share of probe positions where a model with compressed weights
     (`weights = "int8"`) must pick the same next token as the float32 one to be
-    served compressed (SmolLM2-135M in int8: 0.95 on its own answers)."""
+    served compressed (SmolLM2-135M's int8 agreement: perf/results/README.md)."""
     openvino_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=16)] = 4
     """Speculative decoding of a lone greedy sequence on the OpenVINO runtime: the
     model's int8 copy drafts this many tokens and the full model checks them in one

@@ -69,8 +69,8 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Longest an idle worker waits for more work to join a batch that is not full."""
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Precision of the forward pass. On a GPU the weights are cast. On a CPU `bfloat16`
-    runs under autocast where the CPU has native bf16 (AVX512-BF16, AMX), about 2x
-    float32 for MiniLM with cosine >= 0.9999 to it; elsewhere, and for `float16`, a CPU
+    runs under autocast where the CPU has native bf16 (AVX512-BF16, AMX), faster than
+    float32 and close to it (perf/results/README.md); elsewhere, and for `float16`, a CPU
     serves float32 (emulated half precision is slower)."""
     weights: Literal["native", "float32", "int8"] = "native"
     """Generation on OpenVINO only. `native`: the checkpoint's weights as shipped (a GGUF's
@@ -96,6 +96,8 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class MultiVectorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Token vectors (`multivector` task): an optional projection and its width."""
+
     projection: str = ""
     """A safetensors file in the model directory holding `weight` (out x hidden) and
     optionally `bias`: the ColBERT-style linear head applied to every token vector."""
@@ -107,6 +109,7 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One model: what it serves, where its weights come from, how it is batched."""
 
     id: ModelId
+    """The name requests use (`model`); no spaces or `:` (`id:adapter` names a LoRA)."""
     tasks: list[Task]
     """What the model serves; the runtime decides which combinations are possible."""
     source: str
@@ -119,12 +122,14 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dims: Size = 0
     """Width of the pooled embedding (needed for `embed`)."""
     aliases: list[ModelId] = msgspec.field(default_factory=list)
+    """Other names requests may use for it (a hub id, say)."""
     runtime: Runtime = "sentence-transformers"
     """`dummy` is a deterministic stand-in without weights, for testing and measuring the
     serving path itself."""
     normalize: bool = True
     """Whether the model's output is unit length (so `dimensions` re-normalizes)."""
     owned_by: str = "shoal"
+    """`owned_by` in `/v1/models`."""
     profile: BatchProfile = msgspec.field(default_factory=BatchProfile)
     multivector: MultiVectorOptions = msgspec.field(default_factory=MultiVectorOptions)
     stride: Size = 32

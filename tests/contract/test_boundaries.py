@@ -1,5 +1,5 @@
-"""The layering the README's layout section states, checked: import-linter contracts and a
-torch-free gateway."""
+"""The layering docs/development.md states (the README's layout section points there),
+checked: import-linter contracts and a torch-free gateway."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ class TorchAdapter(EncoderAdapter):
     Precision follows the profile's `dtype`. On a GPU the weights are cast. On a CPU the
     weights stay float32 and bf16 runs under autocast (matmuls in bf16, softmax, norms and
     pooling in float32): measured on MiniLM it is as fast as cast weights and closer to
-    float32 (cosine 0.99997 vs 0.996 worst case); only where the CPU has native bf16.
+    float32 (perf/results/README.md); only where the CPU has native bf16.
     """
 
     model: torch.nn.Module | None = None

@@ -8,16 +8,16 @@ one thread each keep going (measured in perf/results/README.md). So the planner 
 how busy the forward passes have kept the worker lately (their compute only: a pass's
 answers are sent after it): past `enter` it pairs passes, below `leave` it goes back to
 one at a time; the gap keeps it from flapping at the boundary. `enter` is high because a
-pass beside nothing runs on half the threads: at half the knee, pairing measured about
-twice the p50 of one pass at a time. While pairing, a pass computing beside nothing counts
+pass beside nothing runs on half the threads: at half the knee, pairing costs latency
+that one pass at a time does not. While pairing, a pass computing beside nothing counts
 0.5: the work a pass alone would do in half the time; so `leave` is above 0.5, or one pass
 at a time on one stream would look busy enough to stay paired at half the knee (and pay
-that p50).
+that latency).
 
 A pass beside another takes half the batch token budget: on half the threads it then ends
 about when a full batch alone would, so a request queued behind it waits no longer than
-behind one pass alone (near the knee on passages, 2 cores: p99 382 against 577 ms, with
-a knee as high or a little higher; perf/results/README.md).
+behind one pass alone (near the knee its p99 falls, and the knee holds: the figures are
+in perf/results/README.md).
 """
 
 from __future__ import annotations

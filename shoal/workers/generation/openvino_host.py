@@ -1,11 +1,11 @@
 """OpenVINO GenAI's pipeline in a process of its own, stepped there, spoken to over a pipe.
 
-Why a process: `ContinuousBatchingPipeline.step()` holds the GIL for the whole step
-(measured with openvino-genai 2026.4: a thread sleeping 1 ms beside a 24-sequence step woke
-once per step, ~50 ms), so in the worker's process every hop of its event loop (a pull, an
-ack, a token published) waited for the running step, and a live request behind a batch
-job waited several steps before its first token. Here the step runs in a child process;
-the worker's process only sends requests and reads token ids.
+Why a process: `ContinuousBatchingPipeline.step()` holds the GIL for the whole step (a
+thread sleeping beside a step wakes only when the step ends: perf/results/README.md), so
+in the worker's process every hop of its event loop (a pull, an ack, a token published)
+waited for the running step, and a live request behind a batch job waited several steps
+before its first token. Here the step runs in a child process; the worker's process only
+sends requests and reads token ids.
 
 Speculative decoding for a lone sequence: one sequence reads every weight per token, so
 a single stream is bound by memory bandwidth. Where the runtime gives a draft (the same

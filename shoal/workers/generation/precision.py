@@ -4,11 +4,10 @@ Exact means exact to the checkpoint as shipped. The tiers (`profile.weights`):
 - `native` (the default): the checkpoint's own weights. A GGUF's Q4_0, Q4_1 and Q8_0
   blocks serve as they are (gguf_weights.py), computed in float32 with OpenVINO's dynamic
   quantization of activations off: it is on by default for compressed weights, and on
-  SmolLM2's Q4_1 it moved the mean KL from ~4e-11 to ~4e-4 nats and top-1 agreement to
-  98.9%, outside the guard below. A checkpoint with nothing narrower than float32 to
-  serve (a float32 safetensors directory) serves its float32 IR. A 16-bit checkpoint
-  also serves float32 for now: OpenVINO's CPU plugin widens 16-bit weights when it
-  computes in float32.
+  SmolLM2's Q4_1 it takes the answers outside the guard below (perf/results/README.md).
+  A checkpoint with nothing narrower than float32 to serve (a float32 safetensors
+  directory) serves its float32 IR. A 16-bit checkpoint also serves float32 for now:
+  OpenVINO's CPU plugin widens 16-bit weights when it computes in float32.
 - `float32`: the dequantized float32 IR, the reference, as every checkpoint was served
   before; a lone greedy stream is drafted by its int8 copy (openvino_host.py).
 - `int8`: int8 weights per output channel from the float32 IR, not exact: served when
