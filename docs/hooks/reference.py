@@ -3,7 +3,9 @@
 A page holding `<!-- reference:settings -->` gets every setting (its key, default,
 `SHOAL_*` variable and the docstring under its field in `shoal/config/`);
 `<!-- reference:model-spec -->` every field of a model spec (`shoal/model_registry/spec.py`);
-`<!-- reference:cli -->` the help of every `shoal` command, from its argument parser.
+`<!-- reference:cli -->` the help of every `shoal` command, from its argument parser;
+`<!-- reference:endpoints -->` every route that runs work, from the route table
+(`shoal/api/endpoints.py`).
 A field without a docstring is a warning, so `mkdocs build --strict` fails on it.
 """
 
@@ -28,6 +30,7 @@ log = logging.getLogger("mkdocs.hooks.reference")
 SETTINGS = "<!-- reference:settings -->"
 MODEL_SPEC = "<!-- reference:model-spec -->"
 CLI = "<!-- reference:cli -->"
+ENDPOINTS = "<!-- reference:endpoints -->"
 HELP_WIDTH = 96
 
 
@@ -54,7 +57,26 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
         markdown = markdown.replace(MODEL_SPEC, model_spec_reference())
     if CLI in markdown:
         markdown = markdown.replace(CLI, cli_reference())
+    if ENDPOINTS in markdown:
+        markdown = markdown.replace(ENDPOINTS, endpoints_reference())
     return markdown
+
+
+def endpoints_reference() -> str:
+    from shoal.api.endpoints import GROUPS
+
+    lines = [
+        "| route | what | key right | request | streams | batch line |",
+        "|---|---|---|---|---|---|",
+    ]
+    for group in GROUPS:
+        for e in group.endpoints:
+            paths = ", ".join(f"`POST {path}`" for path in e.paths)
+            lines.append(
+                f"| {paths} | {e.summary} | `{group.name}` | `{e.request.__name__}` |"
+                f" {'yes' if e.streams else ''} | {'yes' if e.batchable else ''} |"
+            )
+    return "\n".join(lines)
 
 
 def settings_reference() -> str:

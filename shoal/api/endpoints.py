@@ -148,7 +148,7 @@ GROUPS: tuple[RouteGroup, ...] = (
                 ("/v1/rerank", "/rerank"),
                 RerankRequest,
                 RerankResponse,
-                "Rerank documents for a query",
+                "Rerank documents for a query (Cohere v1, Jina and TEI shape)",
             ),
             Endpoint(
                 ("/v2/rerank",),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.api.endpoints import ENDPOINTS
 from tests.unit.test_module_sizes import OVER_SOFT_LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,10 @@ def test_the_docs_build_with_no_warning(tmp_path: Path) -> None:
     reference = (site / "configuration" / "index.html").read_text()
     assert "SHOAL_GATEWAY__REQUEST_TIMEOUT" in reference  # the hook wrote the settings
     assert "usage: shoal serve" in (site / "cli" / "index.html").read_text()
+    api = (site / "api" / "index.html").read_text()
+    for endpoint in ENDPOINTS:  # the routes that run work, from the route table
+        for path in endpoint.paths:
+            assert f"<code>POST {path}</code>" in api, path
 
 
 def test_the_readme_is_short() -> None:
