@@ -28,7 +28,7 @@ class BatchCliError(Exception):
 
 def add_batch_commands(sub: Any) -> None:
     batch = sub.add_parser("batch", help="submit and follow batch jobs (OpenAI Batches API)")
-    _connection(batch, "http://127.0.0.1:8000", client_api_key())
+    _connection(batch, "http://127.0.0.1:8000", client_api_key(openai=True))
     actions = batch.add_subparsers(dest="action", required=True)
     submit = actions.add_parser("submit", help="upload a JSONL file and create a batch")
     submit.add_argument("input", type=Path)

@@ -30,7 +30,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--config", help="settings file (TOML or JSON)")
         p.add_argument("--log-level", help="debug, info, warning, error")
 
-    serve = sub.add_parser("serve", help="run everything locally: nats-server, worker, gateway")
+    serve = sub.add_parser(
+        "serve",
+        help="run everything locally: nats-server, workers, gateway",
+        description="Run everything locally: an embedded nats-server, one encoder worker"
+        " (--workers), one generation worker (SHOAL_SERVE_GENERATION=false leaves it out;"
+        " its first start exports the chat model, a minute or more) and the gateway. The"
+        " log says 'shoal: ready on URL' for each model as it becomes ready.",
+    )
     common(serve)
     serve.add_argument("--host", help="gateway address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="gateway port (default 8000)")

@@ -187,8 +187,8 @@ class ReadyWatch:
         if models - self._models:
             self._models |= models
             log.info(
-                "shoal: ready on %s: %s (try %s/docs)",
-                self._base, ", ".join(sorted(self._models)), self._base,
+                "shoal: ready on %s: %s (API docs %s/docs, status %s/status)",
+                self._base, ", ".join(sorted(self._models)), self._base, self._base,
             )  # fmt: skip
 
 

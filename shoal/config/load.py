@@ -33,11 +33,12 @@ _CLIENT_KEY = f"{ENV_PREFIX}API_KEY"
 log = logging.getLogger(__name__)
 
 
-def client_api_key(env: Mapping[str, str] | None = None) -> str:
+def client_api_key(env: Mapping[str, str] | None = None, *, openai: bool = False) -> str:
     """The key the command-line clients (`shoal embed`, `shoal batch`) send when none is
-    given: `SHOAL_API_KEY`, so that it stays out of the shell's history."""
+    given: `SHOAL_API_KEY`, so that it stays out of the shell's history; with `openai`
+    (`shoal batch`, an OpenAI API), else `OPENAI_API_KEY`, as the OpenAI SDK reads it."""
     env = os.environ if env is None else env
-    return env.get(_CLIENT_KEY, "")
+    return env.get(_CLIENT_KEY) or (env.get("OPENAI_API_KEY", "") if openai else "")
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
