@@ -134,6 +134,17 @@ class Gateway:
         await self.dispatcher.close()
         await self.bus.close()
 
+    def _could_name(self, op: str | None) -> list[str]:
+        """The models serving `op` that the caller's key may use: what an unknown model's
+        error suggests (never a model the key may not see)."""
+        principal = current_principal.get()
+        return sorted(
+            spec.id
+            for spec in self.registry
+            if (op is None or op in spec.tasks)
+            and (principal is None or principal.may_use(spec.id, *spec.aliases))
+        )
+
     def resolve(
         self, name: str, op: str | None = "embed", shoal: ShoalOptions | None = None
     ) -> Target:
@@ -151,7 +162,7 @@ class Gateway:
         try:
             spec = self.registry.resolve(base)
         except UnknownModelError:
-            raise ModelNotFoundError(name) from None
+            raise ModelNotFoundError(name, self._could_name(op)) from None
         principal = current_principal.get()
         if principal is not None and not principal.may_use(name, base, spec.id, *spec.aliases):
             raise PermissionDeniedError(

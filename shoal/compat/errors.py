@@ -7,6 +7,8 @@ Each error class carries its HTTP status, OpenAI error `type` and `code`, so one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 __all__ = [
@@ -81,8 +83,17 @@ class NotFoundError(ShoalError):
 class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model '{model}' does not exist", param="model")
+    def __init__(self, model: str, served: Sequence[str] = ()) -> None:
+        """`served`: models the caller could name instead (the first few are listed)."""
+        message = f"The model '{model}' does not exist"
+        if served:
+            shown = ", ".join(f"'{name}'" for name in served[:_LISTED])
+            more = f" and {len(served) - _LISTED} more" if len(served) > _LISTED else ""
+            message += f"; served: {shown}{more} (GET /v1/models lists them)"
+        super().__init__(message, param="model")
+
+
+_LISTED = 5
 
 
 class ConflictError(ShoalError):

@@ -147,6 +147,11 @@ def test_a_key_calls_only_its_routes_and_models(secured) -> None:
     error = error_of(caught.value)
     assert (error["code"], error["param"]) == ("model_not_allowed", "model")
     assert [m.id for m in embedder.models.list().data] == [MODEL]
+    # An unknown model's error suggests only what this key may use.
+    with pytest.raises(openai.NotFoundError) as caught:
+        embedder.embeddings.create(model="no-such-model", input="x")
+    message = error_of(caught.value)["message"]
+    assert f"served: '{MODEL}' (GET /v1/models" in message and "colbert" not in message
     everything = {m.id for m in client(base, KEYS["root"]).models.list().data}
     assert {MODEL, GEN_MODEL, "test-colbert"} <= everything
 

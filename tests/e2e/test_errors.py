@@ -78,6 +78,9 @@ def test_unknown_model_is_404_model_not_found(http) -> None:
     r = http.post("/v1/embeddings", json={"model": "gpt-9", "input": "x"})
     error = check_error(r, 404, code="model_not_found", param="model")
     assert "gpt-9" in error["message"]
+    # It lists models that serve the route's task, the first few: not the chat model.
+    assert "served: 'all-MiniLM-L6-v2'" in error["message"]
+    assert "SmolLM2" not in error["message"]
     check_error(http.get("/v1/models/gpt-9"), 404, code="model_not_found")
 
 
