@@ -61,12 +61,13 @@ def run_tune_command(args: argparse.Namespace, settings: Any) -> int:
     from rich.console import Console
 
     from ..model_registry import ModelRegistry, UnknownModelError
-    from .report import print_table, trial_line, write_profile, write_report
+    from .progress import Progress
+    from .report import print_table, write_profile, write_report
     from .runner import tune
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     # One log line per request measured would cost the load generator CPU and drown the
-    # progress lines.
+    # progress lines (stderr; the report goes to stdout).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     spec_path = args.spec or (Path(settings.models_file) if settings.models_file else None)
     if args.write and spec_path is None:
@@ -75,20 +76,20 @@ def run_tune_command(args: argparse.Namespace, settings: Any) -> int:
     try:
         spec = ModelRegistry.from_files(settings.models_file).resolve(args.model)
         unit = "tokens" if "generate" in spec.tasks else "texts"
-        result = asyncio.run(
-            tune(
-                settings,
-                spec.id,
-                workload=args.workload,
-                budget_s=args.budget,
-                p99_ms=args.p99_ms,
-                step_seconds=args.step_seconds,
-                keep_dtype=args.keep_dtype,
-                on_trial=lambda trial: console.print(
-                    trial_line(trial, unit), highlight=False, markup=False, soft_wrap=True
-                ),
+        with Progress(args.budget, unit) as progress:
+            result = asyncio.run(
+                tune(
+                    settings,
+                    spec.id,
+                    workload=args.workload,
+                    budget_s=args.budget,
+                    p99_ms=args.p99_ms,
+                    step_seconds=args.step_seconds,
+                    keep_dtype=args.keep_dtype,
+                    on_trial=progress.trial,
+                    on_phase=progress.phase,
+                )
             )
-        )
     except (UnknownModelError, ValueError, OSError) as exc:
         print(f"shoal tune: {exc}", file=sys.stderr)
         return 2

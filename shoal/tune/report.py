@@ -1,6 +1,6 @@
-"""What `shoal tune` shows and keeps: a live line per candidate, the table of candidates
-with the winner's gain, a JSON report and a PNG plot, and the winner written into the
-user's model spec."""
+"""What `shoal tune` shows and keeps once it is done: the table of candidates with the
+winner's gain, a JSON report and a PNG plot, and the winner written into the user's model
+spec. The live lines while it runs are progress.py's."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .machine import machine
 from .runner import TuneResult
 from .search import Trial
 
-__all__ = ["print_table", "trial_line", "write_profile", "write_report"]
+__all__ = ["print_table", "write_profile", "write_report"]
 
 
 def _ms(value: float | None) -> str:
@@ -30,17 +30,6 @@ def _ms(value: float | None) -> str:
 def _knee(trial: Trial) -> Knee | None:
     """The trial's measurement; a failed trial holds the exception instead."""
     return trial.detail if isinstance(trial.detail, Knee) else None
-
-
-def trial_line(trial: Trial, unit: str) -> str:
-    knobs = " ".join(f"{k}={v}" for k, v in trial.candidate.items())
-    knee = _knee(trial)
-    if knee is None:
-        return f"[{trial.phase:7}] {knobs}: failed: {trial.detail!r}"
-    latency = f"p50/p99 {_ms(knee.knee_p50_ms)}/{_ms(knee.knee_p99_ms)} ms"
-    return (
-        f"[{trial.phase:7}] {knobs}: {trial.score:8.1f} {unit}/s {latency} ({trial.seconds:.0f}s)"
-    )
 
 
 def print_table(result: TuneResult, console: Console) -> None:

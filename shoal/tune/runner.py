@@ -39,6 +39,7 @@ from ..queue.errors import QueueUnavailableError
 from ..queue.nats import Bus
 from . import texts
 from .knee import Knee, find_knee
+from .progress import duration
 from .search import Knob, Trial, confirm, mean_scores, search
 from .stack import TuneStack, chat_load, embed_load
 
@@ -148,6 +149,7 @@ def _guarded(
     sample: list[str],
     dtypes: tuple[str, ...],
     engines: tuple[str, ...],
+    say: Callable[[str], None],
 ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, float] | None]:
     """The dtypes and engines whose vectors stay within `QUALITY_FLOOR` of float32 torch
     (the spec's own always stay), and the worst and mean cosine of those checked."""
@@ -162,6 +164,7 @@ def _guarded(
         return path, float32_vectors(spec, path, sample)
 
     def quality(dtype: str, engine: str) -> tuple[float, float]:
+        say(f"checking {dtype} on {engine} against float32 torch ({len(sample)} texts)")
         path, vectors = reference()
         profile = msgspec.structs.replace(spec.profile, dtype=dtype, engine=engine)
         return cosine_to(vectors, msgspec.structs.replace(spec, profile=profile), path, sample)
@@ -193,6 +196,7 @@ async def tune(
     step_seconds: float = 0.0,
     keep_dtype: bool = False,
     on_trial: Callable[[Trial], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> TuneResult:
     """Search `model`'s batching profile for `budget_s` seconds (everything included).
 
@@ -203,13 +207,16 @@ async def tune(
 
     `p99_ms` bounds the knee's latency; 0: 1 s for embeddings, 10 s for generation.
     `step_seconds` is each load step's length (0: 2 s, chat 10 s). `keep_dtype` searches
-    with the spec's dtype only (its vectors stay as they are).
+    with the spec's dtype only (its vectors stay as they are). `on_phase` hears of each
+    phase as it starts (a line of text), `on_trial` of each trial as it ends.
     """
     started = time.monotonic()
+    say = on_phase or (lambda text: None)
     spec = ModelRegistry.from_files(settings.models_file).resolve(model)
     generate = "generate" in spec.tasks
     if not generate and "embed" not in spec.tasks:
         raise ValueError(f"{spec.id} serves neither embed nor generate: nothing to measure")
+    say(f"tuning {spec.id} on the {workload} workload")
     if workload in WORKLOADS:
         sample, per_request = texts.generate(workload), WORKLOADS[workload]
     else:
@@ -228,7 +235,7 @@ async def tune(
         # fails at load; the search starts from what is served.
         current = installed[-1] if spec.profile.engine == "auto" else spec.profile.engine
         engines = tuple(dict.fromkeys((current, *installed)))
-        dtypes, engines, quality = _guarded(settings, spec, sample[:128], dtypes, engines)
+        dtypes, engines, quality = _guarded(settings, spec, sample[:128], dtypes, engines, say)
         if spec.profile.dtype not in dtypes:
             dtypes = (*dtypes, spec.profile.dtype)
         knobs = knobs_for(spec.profile, cores, dtypes, engines)
@@ -236,12 +243,14 @@ async def tune(
     run_dir = Path(tempfile.mkdtemp(prefix="shoal-tune-"))
     stack = TuneStack(settings, spec, run_dir)
     try:
+        say(f"starting nats-server, a gateway and a worker for {spec.id}")
         await stack.start()
         if generate:
             load = chat_load(stack.base, spec.id, sample)
         else:
             load = embed_load(stack.base, spec.id, sample, per_request)
         async with load.client() as client:
+            say(f"loading {spec.id} in the worker (until it answers)")
             await stack.wait_served(load, client)
             default = _candidate(spec.profile, cores, generate)
             served = dict(default)
@@ -251,6 +260,13 @@ async def tune(
                 # Restart for what a worker fixes at load: the dtype of its weights, its
                 # engine, the slots of a generation runtime.
                 restart = any(candidate[k.name] != served[k.name] for k in knobs if k.restart)
+                if restart:
+                    changed = (
+                        f"{k.name}={candidate[k.name]}"
+                        for k in knobs
+                        if k.restart and candidate[k.name] != served[k.name]
+                    )
+                    say(f"restarting the worker for {' '.join(changed)}")
                 await stack.apply(profile, restart)
                 served.update(candidate)
                 if restart:
@@ -269,6 +285,8 @@ async def tune(
                 return knee.knee_tps, knee
 
             search_budget_s = (budget_s - (time.monotonic() - started)) * (1 - CONFIRM_SHARE)
+            names = ", ".join(k.name for k in knobs if len(k.values) > 1)
+            say(f"searching {names} for {duration(search_budget_s)} (the default first)")
             trials = await search(
                 knobs,
                 default,
@@ -276,7 +294,16 @@ async def tune(
                 budget_s=search_budget_s,
                 on_trial=on_trial,
             )
-            trials += await confirm(trials, measure, deadline=started + budget_s, on_trial=on_trial)
+            confirming = False
+
+            async def again(candidate: dict[str, Any]) -> tuple[float, Knee]:
+                nonlocal confirming
+                if not confirming:  # said only when a candidate still fits the budget
+                    confirming = True
+                    say("measuring the best candidates again")
+                return await measure(candidate)
+
+            trials += await confirm(trials, again, deadline=started + budget_s, on_trial=on_trial)
     finally:
         await stack.close()
         shutil.rmtree(run_dir, ignore_errors=True)

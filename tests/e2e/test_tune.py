@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +49,13 @@ def _assert_budget_spent(searched: list[dict], search_budget_s: float) -> None:
     spent = sum(t["seconds"] for t in searched)
     longest = max(t["seconds"] for t in searched if t["score"] > 0)
     assert spent + longest > search_budget_s - 2.0, (spent, longest, search_budget_s)
+
+
+def _progress_lines(stderr: str, budget: str) -> list[str]:
+    """The trial lines `shoal tune` writes to stderr, each with the budget left."""
+    left = rf"\S+ (of {budget} left|past the {budget} budget)"
+    trial = rf"^\[ *\d+\] (default|coarse|refine|confirm) .*: .* · {left}$"
+    return [m.group() for m in re.finditer(trial, stderr, re.M)]
 
 
 def _key(trial: dict) -> str:
@@ -118,6 +126,13 @@ def test_a_two_minute_tune_finds_writes_and_publishes_the_best_profile(
     assert all(t["knee"]["knee_tps"] == t["score"] for t in winner)
     assert report["score"] == pytest.approx(_mean(winner)) and report["score"] > 0
     assert "winner" in done.stdout and "texts/s" in done.stdout
+    # Progress on stderr, the report alone on stdout: the start-up's phases, then a line
+    # per trial with its figure, the best so far and the budget left.
+    assert f"shoal tune: loading {MODEL} in the worker" in done.stderr
+    progress = _progress_lines(done.stderr, "2m")
+    assert len(progress) == len(trials), done.stderr[-3000:]
+    assert progress[0].startswith("[ 0] default ") and "texts/s" in progress[0]
+    assert "] default " not in done.stdout and "shoal tune: " not in done.stdout
 
     written = ModelRegistry.from_files(spec).resolve(MODEL)
     assert written.profile == BatchProfile(**report["profile"])
@@ -157,6 +172,7 @@ def test_a_generation_model_is_tuned_on_its_continuous_batch(
     assert len(searched) >= 2, [(t["candidate"], round(t["seconds"])) for t in trials]
     # One knob: the sequences decoded together; each candidate a fresh worker.
     assert {tuple(t["candidate"]) for t in trials} == {("max_batch_items",)}
+    assert len(_progress_lines(done.stderr, "5m")) == len(trials), done.stderr[-3000:]
     assert len({_key(t) for t in searched}) == len(searched)
     winner = _best_by_mean(trials)
     assert report["score"] == pytest.approx(_mean(winner)) and report["score"] > 0

@@ -62,7 +62,9 @@ shoal.dev/pool: {{ .pool.name }}
 {{/*
 The pools to deploy: `pools` entries with `enabled` not false, each merged over
 `poolDefaults`, as a YAML list under the key `pools` (read it with fromYaml).
-Fails on a pool without a name or models, a duplicate name, or an unknown kind/runtime.
+An empty `runtime` is the kind's image: `encoder` for encode pools, `sglang` (the generation
+image) for generate pools. Fails on a pool without a name or models, a duplicate name, an
+unknown kind/runtime, or a generate pool on the encoder image (which cannot generate).
 */}}
 {{- define "shoal.pools" -}}
 {{- $out := list }}
@@ -76,8 +78,10 @@ Fails on a pool without a name or models, a duplicate name, or an unknown kind/r
 {{- $_ := set $seen $pool.name true }}
 {{- if not $pool.models }}{{ fail (printf "pool %q: `models` must list at least one model id" $pool.name) }}{{ end }}
 {{- if not (has $pool.kind (list "encode" "generate")) }}{{ fail (printf "pool %q: kind must be encode or generate, not %v" $pool.name $pool.kind) }}{{ end }}
+{{- if not $pool.runtime }}{{ $_ := set $pool "runtime" ((eq $pool.kind "generate") | ternary "sglang" "encoder") }}{{ end }}
 {{- if not (has $pool.runtime (list "encoder" "sglang")) }}{{ fail (printf "pool %q: runtime must be encoder or sglang, not %v" $pool.name $pool.runtime) }}{{ end }}
 {{- if and (eq $pool.runtime "sglang") (ne $pool.kind "generate") }}{{ fail (printf "pool %q: the sglang runtime serves kind generate only" $pool.name) }}{{ end }}
+{{- if and (eq $pool.runtime "encoder") (eq $pool.kind "generate") (not $pool.image.repository) }}{{ fail (printf "pool %q: the encoder image has no `generate` extra and no generation model package; leave `runtime` empty (a generate pool then runs the generation image, shoal-generator-sglang) or give the pool an `image.repository` that has them" $pool.name) }}{{ end }}
 {{- $out = append $out $pool }}
 {{- end }}
 {{- end }}
