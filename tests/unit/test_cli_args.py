@@ -41,4 +41,5 @@ def test_batch_also_reads_openai_api_key_as_the_sdk_does(monkeypatch) -> None:
     # `shoal embed` is not an OpenAI client: it does not send an OpenAI key to Shoal.
     assert parse(["embed", "in.jsonl", "--model", "m", "-o", "out.npy"]).api_key is None
     monkeypatch.setenv("SHOAL_API_KEY", "sk-shoal-env")
-    assert _parser().parse_args(["batch", "list"]).api_key == "sk-shoal-env"  # Shoal's own comes first
+    # Shoal's own key comes first.
+    assert _parser().parse_args(["batch", "list"]).api_key == "sk-shoal-env"
