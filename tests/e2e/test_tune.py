@@ -44,11 +44,14 @@ def _assert_budget_spent(searched: list[dict], search_budget_s: float) -> None:
     """The search tuned something and stopped only when another trial would not fit: what
     it measured plus its longest trial passes its budget (less 2 s for the moments between
     trials). Not a fixed count of trials, which a loaded machine, where every trial takes
-    longer, cannot reach."""
-    assert len(searched) >= 2, [t["candidate"] for t in searched]
+    longer, cannot reach: where start-up took most of the budget, one trial is all that
+    fits, and two are asked for only where the budget holds three of its trials."""
+    assert searched and searched[0]["score"] > 0, [t["candidate"] for t in searched]
     spent = sum(t["seconds"] for t in searched)
     longest = max(t["seconds"] for t in searched if t["score"] > 0)
     assert spent + longest > search_budget_s - 2.0, (spent, longest, search_budget_s)
+    if search_budget_s > 3 * longest:
+        assert len(searched) >= 2, (search_budget_s, longest, [t["candidate"] for t in searched])
 
 
 def _progress_lines(stderr: str, budget: str) -> list[str]:
