@@ -11,6 +11,7 @@ from .. import telemetry
 from ..config import Settings
 from ..lifecycle import DRAIN_SECONDS, StopSignals
 from .app import create_app
+from .connections import guarded_protocol
 
 __all__ = ["run_gateway"]
 
@@ -38,7 +39,7 @@ def run_gateway(settings: Settings) -> None:
         host=g.host,
         port=g.port,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(g),  # httptools, with head and body deadlines
         log_level=settings.log_level.lower() if settings.log_level != "info" else "warning",
         access_log=False,
         log_config=None,  # uvicorn's records go through the process's handler (JSON lines)

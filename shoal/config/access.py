@@ -21,6 +21,16 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds a request may take end to end; past it the answer is 504."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Larger request bodies are refused with 413."""
+    head_timeout: float = 10.0
+    """Seconds a request's head (its line and headers) may take to arrive, from the
+    connection opening or the previous response; a connection that sends nothing in that
+    time is closed, one that sent part of a head gets 408."""
+    body_timeout: float = 20.0
+    """Seconds a request's body may take to arrive, from its head, plus one second for
+    every `body_min_rate` bytes that do (a large upload on a slow link passes, a trickle
+    gets 408)."""
+    body_min_rate: int = 500
+    """Bytes per second a request's body must keep up, past `body_timeout`."""
     max_inputs: int = 100_000
     """Most inputs one request may carry (texts, documents, choices); more is a 413."""
     max_input_chars: int = 200_000

@@ -503,7 +503,8 @@ def test_a_content_length_longer_than_the_body_blocks_no_one(
                 answer += chunk
         except TimeoutError:
             pytest.fail(f"the connection stayed open after the client's end: {answer[:500]!r}")
-    assert raw_status(answer) in (None, 400), answer[:500]
+    # 408: the body did not come within the gateway's body deadline (a slow machine).
+    assert raw_status(answer) in (None, 400, 408), answer[:500]
 
 
 def test_a_content_length_shorter_than_the_body_is_400(stack: str) -> None:
