@@ -11,7 +11,10 @@ accepting anyone (a slowloris). So, as Apache's mod_reqtimeout does:
 - its body within `body_timeout` of the head, extended by one second for every
   `body_min_rate` bytes that arrive, so a large upload on a slow link still passes
   while a trickle does not (408, in OpenAI's error shape). Time the gateway itself
-  spends not reading (its buffer full, the app not yet reading) never counts.
+  spends not reading (its buffer full, the app not yet reading) never counts;
+- an answer must be read: a client that leaves it unread for `write_timeout` (its socket
+  and the gateway's send buffer full) is cut off, so a stream it does not read ends (and
+  its generation with it) instead of waiting for the request's deadline.
 """
 
 from __future__ import annotations
@@ -48,17 +51,32 @@ class _GuardedProtocol(HttpToolsProtocol):
     head_timeout: float
     body_timeout: float
     body_min_rate: float
+    write_timeout: float
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_bytes = 0
         self._body_deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._unread: asyncio.TimerHandle | None = None
         self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
+        if self._unread is not None:
+            self._unread.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._unread is None:
+            self._unread = self.loop.call_later(self.write_timeout, self._left_unread)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
 
     def data_received(self, data: bytes) -> None:
         self._head_bytes += len(data)
@@ -107,6 +125,13 @@ class _GuardedProtocol(HttpToolsProtocol):
             self.transport.write(_REQUEST_TIMEOUT)
         self.transport.close()
 
+    def _left_unread(self) -> None:
+        self._unread = None
+        if self.flow.write_paused and not self.transport.is_closing():
+            # abort, not close: close would wait for a buffer the client never drains. The
+            # app then sees the client gone (a stream stops, its request is cancelled).
+            self.transport.abort()
+
     def _body_late(self) -> None:
         self._timer = None
         cycle = self.cycle
@@ -131,7 +156,7 @@ class _GuardedProtocol(HttpToolsProtocol):
 
 
 def guarded_protocol(settings: GatewaySettings) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with `settings`' head and body deadlines."""
+    """uvicorn's httptools protocol with `settings`' deadlines."""
     return type(
         "GuardedHttpToolsProtocol",
         (_GuardedProtocol,),
@@ -139,5 +164,6 @@ def guarded_protocol(settings: GatewaySettings) -> type[HttpToolsProtocol]:
             "head_timeout": settings.head_timeout,
             "body_timeout": settings.body_timeout,
             "body_min_rate": float(settings.body_min_rate),
+            "write_timeout": settings.write_timeout,
         },
     )

@@ -31,6 +31,10 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gets 408)."""
     body_min_rate: int = 500
     """Bytes per second a request's body must keep up, past `body_timeout`."""
+    write_timeout: float = 30.0
+    """Seconds a client may leave its answer unread (the connection's buffers full)
+    before the gateway cuts it off; a stream it does not read then ends, and so does
+    its generation."""
     max_inputs: int = 100_000
     """Most inputs one request may carry (texts, documents, choices); more is a 413."""
     max_input_chars: int = 200_000

@@ -5,20 +5,24 @@ echo (the deadlines are the protocol's, whatever the app)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import uvicorn
-from litestar import Litestar, Request, post
+from litestar import Litestar, Request, get, post
+from litestar.response import Stream
 
 from shoal.api.connections import guarded_protocol
 from shoal.config import GatewaySettings
 
-HEAD_S, BODY_S, MIN_RATE = 1.0, 1.0, 1000
+HEAD_S, BODY_S, MIN_RATE, WRITE_S = 1.0, 1.0, 1000, 1.0
+STREAMED = {"chunks": 0, "ended": False}
+"""What the streaming route sent, and whether its generator was closed."""
 
 
 @post("/echo", status_code=200)
@@ -26,14 +30,33 @@ async def echo(request: Request) -> dict[str, int]:
     return {"bytes": len(await request.body())}
 
 
+@get("/stream")
+async def stream() -> Stream:
+    """64 MiB in 64 KiB chunks, far more than the socket buffers hold, each awaited as a
+    generation's tokens are."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            for _ in range(1024):
+                await asyncio.sleep(0.001)
+                STREAMED["chunks"] += 1
+                yield b"x" * 65536
+        finally:
+            STREAMED["ended"] = True
+
+    return Stream(chunks())
+
+
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    limits = GatewaySettings(head_timeout=HEAD_S, body_timeout=BODY_S, body_min_rate=MIN_RATE)
+    limits = GatewaySettings(
+        head_timeout=HEAD_S, body_timeout=BODY_S, body_min_rate=MIN_RATE, write_timeout=WRITE_S
+    )
     config = uvicorn.Config(
-        Litestar([echo]),
+        Litestar([echo, stream]),
         host="127.0.0.1",
         port=free,
         http=guarded_protocol(limits),
@@ -148,4 +171,24 @@ def test_a_kept_alive_connection_serves_request_after_request(port: int) -> None
         conn.sendall(_post(b"abc"))
         assert b'{"bytes":3}' in conn.recv(65536)
         time.sleep(HEAD_S / 2)  # within the next head's time
+    conn.close()
+
+
+def test_an_answer_left_unread_is_cut_off_and_its_stream_ends(port: int) -> None:
+    conn = _connect(port)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    conn.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+    started = time.monotonic()
+    while not STREAMED["ended"]:  # the client reads nothing
+        assert time.monotonic() - started < WRITE_S + 10, STREAMED
+        time.sleep(0.1)
+    assert STREAMED["chunks"] < 1024  # stopped, not finished into the buffers
+    conn.settimeout(10)
+    received = 0
+    try:
+        while chunk := conn.recv(1 << 20):
+            received += len(chunk)
+    except ConnectionResetError:
+        pass
+    assert received < 1024 * 65536  # the connection ended short of the whole answer
     conn.close()
