@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ["README.md"]
+PAGES = ["README.md", "docs/quickstart.md", "docs/api.md"]
 """The pages whose examples `tests/e2e/test_readme_examples.py` runs."""
 _MARK = re.compile(r"^<!--\s*example:\s*(skip|setup|answer)\b\s*(.*?)\s*-->\s*$")
 _FENCE = re.compile(r"^```(\S*)\s*$")

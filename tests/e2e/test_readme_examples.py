@@ -1,4 +1,5 @@
-"""Every example in the README runs, in order, against one real `shoal serve --demo`.
+"""Every example in the README, the quickstart and the API page runs, in order, against
+one real `shoal serve --demo`.
 
 Python blocks run in a subprocess (after the page's setup block, the shared client), shell
 blocks in bash with `curl` failing on an HTTP error; both with the stack's URL for
