@@ -191,7 +191,7 @@ def ensure_demo_models(data_dir: str | Path) -> Path:
     Raises:
         DemoBuildError: the build failed (its output is in the message).
     """
-    root = Path(data_dir) / "demo-models"  # as `Settings.demo_spec` names it
+    root = Path(data_dir).resolve() / "demo-models"  # as `Settings.demo_spec` names it
     if _complete(root):
         return root / SPEC_NAME
     for stale in root.parent.glob("demo-models.building-*"):

@@ -258,7 +258,6 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
             time.sleep(0.2)
     except Stopped:
         log.info("shoal: stopped while starting")
-
     finally:
         starting = False
         _stop_in_order(children, stop_asked_at or time.monotonic())
