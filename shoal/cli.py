@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="gateway address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="gateway port (default 8000)")
     serve.add_argument("--models", help="comma-separated model ids for the worker")
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        help="also serve tiny demo models (random heads on MiniLM) for NER, rerank, score,"
+        " classify, sparse and multi-vector: demo-ner, demo-reranker, demo-classifier,"
+        " demo-splade, demo-colbert; built once into the data dir (SHOAL_DEMO=true)",
+    )
     serve.add_argument("--workers", type=int, default=1, help="encoder workers (default 1)")
     serve.add_argument(
         "--gateways", type=int, default=1, help="gateways, on --port and the ports after it"
@@ -94,6 +101,8 @@ def _settings(args: argparse.Namespace) -> Settings:
             settings.generator.models = models
         else:
             settings.worker.models = models
+    if getattr(args, "demo", False):
+        settings.demo = True
     if getattr(args, "device", None):
         settings.worker.device = settings.generator.device = args.device
     return settings

@@ -220,6 +220,14 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
     children: list[Child] = []
     status = 0
     try:
+        if settings.demo:  # before the children, which read its spec
+            from .demo import DemoBuildError, ensure_demo_models
+
+            try:
+                ensure_demo_models(data_dir)
+            except DemoBuildError as exc:
+                log.error("%s", exc)
+                return 1
         nats = _start_nats(data_dir, run_dir, topology.nats_nodes, settings)
         _fit_to_topology(settings, topology)
         config = write_private(run_dir / "settings.json", msgspec.json.encode(settings))

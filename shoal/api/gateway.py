@@ -112,7 +112,7 @@ class Gateway:
     async def open(cls, settings: Settings) -> Gateway:
         """Connect to NATS (waiting for it for `nats.ready_within` seconds), provision the
         stream and load the registry (spec files, then run-time registrations)."""
-        static = ModelRegistry.from_files(settings.models_file)
+        static = ModelRegistry.from_files(*settings.spec_files)
         bus = await Bus.open(settings.nats, name="shoal-gateway")
         registry = LiveRegistry(static, await bus.key_value(settings.nats.registry_bucket))
         await registry.start()

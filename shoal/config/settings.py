@@ -51,6 +51,12 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`debug`, `info`, `warning` or `error` (`--log-level` on the command line)."""
     serve_generation: bool = True
     """Whether `shoal serve` starts a generation worker beside the encoder worker."""
+    demo: bool = False
+    """Serve the demo models too (`shoal serve --demo`): tiny NER, rerank, classify,
+    sparse and multi-vector models with random heads (`demo-ner`, `demo-reranker`,
+    `demo-classifier`, `demo-splade`, `demo-colbert`, owned by `shoal-demo`), so that
+    every task can be tried offline. `shoal serve` builds them once (seconds) into
+    `data_dir/demo-models`."""
     nats: NatsSettings = msgspec.field(default_factory=NatsSettings)
     s3: S3Settings = msgspec.field(default_factory=S3Settings)
     objects: ObjectStoreSettings = msgspec.field(default_factory=ObjectStoreSettings)
@@ -65,6 +71,18 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def cache_path(self) -> Path:
         """`cache_dir`, or `data_dir/cache` when none is set."""
         return Path(self.cache_dir or Path(self.data_dir) / "cache")
+
+    @property
+    def demo_spec(self) -> Path:
+        """The demo models' spec, `data_dir/demo-models/models.toml`."""
+        return Path(self.data_dir) / "demo-models" / "models.toml"
+
+    @property
+    def spec_files(self) -> list[Path]:
+        """The model spec files over the built-in one, in order: the demo spec (with
+        `demo`), then `models_file`."""
+        files = [self.demo_spec] if self.demo else []
+        return files + ([Path(self.models_file)] if self.models_file else [])
 
     @property
     def model_root_paths(self) -> list[Path]:

@@ -74,7 +74,7 @@ def run_tune_command(args: argparse.Namespace, settings: Any) -> int:
         print("shoal tune: --write needs --spec FILE or SHOAL_MODELS_FILE", file=sys.stderr)
         return 2
     try:
-        spec = ModelRegistry.from_files(settings.models_file).resolve(args.model)
+        spec = ModelRegistry.from_files(*settings.spec_files).resolve(args.model)
         unit = "tokens" if "generate" in spec.tasks else "texts"
         with Progress(args.budget, unit) as progress:
             result = asyncio.run(

@@ -212,7 +212,7 @@ async def tune(
     """
     started = time.monotonic()
     say = on_phase or (lambda text: None)
-    spec = ModelRegistry.from_files(settings.models_file).resolve(model)
+    spec = ModelRegistry.from_files(*settings.spec_files).resolve(model)
     generate = "generate" in spec.tasks
     if not generate and "embed" not in spec.tasks:
         raise ValueError(f"{spec.id} serves neither embed nor generate: nothing to measure")
@@ -330,7 +330,7 @@ async def publish_profile(settings: Settings, model_id: str, profile: BatchProfi
         return False
     try:
         kv = await bus.key_value(settings.nats.registry_bucket)
-        registry = LiveRegistry(ModelRegistry.from_files(settings.models_file), kv)
+        registry = LiveRegistry(ModelRegistry.from_files(*settings.spec_files), kv)
         await registry.set_profile(model_id, profile)
         await kv.close()
     finally:

@@ -57,7 +57,7 @@ class TuneStack:
         config = self.config
         write_private(config, msgspec.json.encode(s))  # it holds the NATS password
         self.bus = await Bus.connect(s.nats, "shoal-tune")
-        static = ModelRegistry.from_files(s.models_file)
+        static = ModelRegistry.from_files(*s.spec_files)
         self.kv = await self.bus.key_value(s.nats.registry_bucket)
         self.registry = LiveRegistry(static, self.kv)
         await self.registry.start()

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def run_worker(settings: Settings) -> None:
     """Serve `settings.worker.models` until SIGINT or SIGTERM."""
-    static = ModelRegistry.from_files(settings.models_file)
+    static = ModelRegistry.from_files(*settings.spec_files)
     for name in settings.worker.models:
         if name != "*":
             static.resolve(name)  # fail fast on a typo (registered models come later)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import openai
 import psutil
 import pytest
 
 from shoal.queue.embedded import free_port
-from tests.helpers import cache_env, stop_with_ctrl_c, wait_ready, wait_until
+from tests.helpers import cache_env, start_serve, stop_with_ctrl_c, wait_ready, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +69,62 @@ def test_serve_answers_the_openai_sdk_and_stops_cleanly_on_ctrl_c(tmp_path, mode
         log.close()
     logged = (tmp_path / "serve.log").read_bytes()
     assert b"stopped" in logged and SECRET.encode() not in logged
+
+
+DEMO_REQUESTS = {  # each demo model through its route, and a field its answer has
+    "demo-ner": ("/v1/ner", {"input": ["Ada Lovelace lived in London."]}, "entities"),
+    "demo-reranker": ("/v1/rerank", {"query": "q", "documents": ["a", "b"]}, "relevance_score"),
+    "demo-classifier": ("/v1/classify", {"input": ["What a lovely day."]}, "labels"),
+    "demo-splade": ("/v1/sparse", {"input": ["hybrid search"], "top_k": 8}, "indices"),
+    "demo-colbert": ("/v1/multivector", {"input": ["hello world"]}, "embeddings"),
+}
+
+
+def test_serve_demo_serves_every_demo_model_through_its_route(tmp_path) -> None:
+    import httpx
+
+    from shoal.demo import ensure_demo_models
+
+    data = tmp_path / "data"
+    serve, base = start_serve(data, "--demo", extra={"SHOAL_SERVE_GENERATION": "false"})
+    try:
+        wait_ready(base, serve, timeout=180)
+        with httpx.Client(base_url=base, timeout=120) as http:
+            listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+            for model, (route, body, field) in DEMO_REQUESTS.items():
+                assert listed[model]["owned_by"] == "shoal-demo"
+                r = http.post(route, json={"model": model, **body})
+                assert r.status_code == 200, r.text
+                answer = r.json()
+                assert field in (answer["results"] if "results" in answer else answer["data"])[0]
+            # score is the reranker's other route
+            r = http.post(
+                "/v1/score", json={"model": "demo-reranker", "text_1": "q", "text_2": ["a"]}
+            )
+            assert r.status_code == 200 and r.json()["data"][0]["score"] is not None
+        started = time.monotonic()
+        assert serve.stop(signal.SIGTERM, timeout=15) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        serve.kill()
+    # Built once, then reused: a later start finds them whole and builds nothing.
+    spec = data / "demo-models" / "models.toml"
+    built = spec.stat().st_mtime_ns
+    started = time.monotonic()
+    assert ensure_demo_models(data) == spec
+    assert time.monotonic() - started < 1 and spec.stat().st_mtime_ns == built
+
+
+def test_a_stop_while_the_demo_models_build_exits_at_once(tmp_path) -> None:
+    data = tmp_path / "data"
+    serve, _ = start_serve(data, "--demo", extra={"SHOAL_SERVE_GENERATION": "false"})
+    try:
+        wait_until(lambda: "building the demo models" in serve.log(), 60, serve, "the build")
+        time.sleep(1.0)  # the build's child is importing torch
+        started = time.monotonic()
+        assert serve.stop(signal.SIGTERM, timeout=15) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        serve.kill()
+    assert not list(data.glob("demo-models*")), "a half-built directory was left behind"
+    assert "stopped while starting" in serve.log_path.read_text()

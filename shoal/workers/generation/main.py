@@ -12,7 +12,7 @@ __all__ = ["run_generation_worker"]
 
 def run_generation_worker(settings: Settings) -> None:
     """Serve `settings.generator.models` until SIGINT or SIGTERM."""
-    static = ModelRegistry.from_files(settings.models_file)
+    static = ModelRegistry.from_files(*settings.spec_files)
     for name in settings.generator.models:
         if name != "*":
             static.resolve(name)
