@@ -50,6 +50,11 @@ $(EXPORT_STAMP): Makefile
 serve: setup
 	$(BIN)/shoal serve
 
+# The same, with tiny demo models for NER, rerank, classify, sparse and multi-vector
+# (built once into the data dir, ~0.4 GB): every README example runs offline.
+demo: setup
+	$(BIN)/shoal serve --demo
+
 test: setup browser lint
 	$(BIN)/pytest
 
