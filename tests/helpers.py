@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -360,3 +362,28 @@ def stream_chat_broken_midway(
                 breaks()
     assert len(pieces) > after, "the stream ended before it could be broken"
     return "".join(pieces), finish
+
+
+@contextlib.contextmanager
+def app_in_thread(app, **config: Any) -> Iterator[int]:
+    """An ASGI app under uvicorn in a thread of this process, on a free loopback port,
+    without its lifespan (what needs no NATS); yields the port. `config`: more
+    `uvicorn.Config` fields (e.g. `http`)."""
+    import threading
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, lifespan="off", log_level="warning", **config
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 30, None, "uvicorn started")
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)

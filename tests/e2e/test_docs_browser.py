@@ -3,41 +3,24 @@ request to another host refused, and Swagger UI still lists the routes."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import uvicorn
 
 from shoal.api.app import create_app
 from shoal.config import Settings
+from tests.helpers import app_in_thread
 
 from .test_observability import CHROMIUM, CHROMIUM_ARGS
 
 
 @pytest.fixture(scope="module")
 def docs_url() -> Iterator[str]:
-    """The gateway app on a free port, without its lifespan: the docs need no NATS."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(Settings()), host="127.0.0.1", port=port, lifespan="off", log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the app did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    """The gateway app without its lifespan: the docs need no NATS."""
+    with app_in_thread(create_app(Settings())) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_the_api_docs_render_offline_in_chromium(docs_url: str) -> None:

@@ -8,17 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import uvicorn
 from litestar import Litestar, Request, get, post
 from litestar.response import Stream
 
 from shoal.api.connections import guarded_protocol
 from shoal.config import GatewaySettings
+from tests.helpers import app_in_thread
 
 HEAD_S, BODY_S, MIN_RATE, WRITE_S = 1.0, 1.0, 1000, 1.0
 STREAMED = {"chunks": 0, "ended": False}
@@ -49,30 +48,11 @@ async def stream() -> Stream:
 
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        free = s.getsockname()[1]
     limits = GatewaySettings(
         head_timeout=HEAD_S, body_timeout=BODY_S, body_min_rate=MIN_RATE, write_timeout=WRITE_S
     )
-    config = uvicorn.Config(
-        Litestar([echo, stream]),
-        host="127.0.0.1",
-        port=free,
-        http=guarded_protocol(limits),
-        lifespan="off",
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield free
-    server.should_exit = True
-    thread.join(10)
+    with app_in_thread(Litestar([echo, stream]), http=guarded_protocol(limits)) as free:
+        yield free
 
 
 def _connect(port: int) -> socket.socket:
