@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,12 +165,14 @@ def _children(config: Path, settings: Settings, topology: Topology) -> list[Chil
 
 class ReadyWatch:
     """Says in the log when the gateway is ready and for which models, as each more comes
-    (a generation model's first start exports it: a minute or more after the encoders).
-    Asks `/ready` at most once a second, and only for `watch_s` after the start."""
+    (a generation model's first start exports it: a minute or more after the encoders),
+    and which of the models `expected` at start are still loading. Asks `/ready` at most
+    once a second, and only for `watch_s` after the start."""
 
-    def __init__(self, base: str, watch_s: float = 900.0) -> None:
+    def __init__(self, base: str, expected: Collection[str] = (), watch_s: float = 900.0) -> None:
         self._url = f"{base}/ready"
         self._base = base
+        self._expected = set(expected)
         self._until = time.monotonic() + watch_s
         self._next = 0.0
         self._models: set[str] = set()
@@ -186,10 +189,38 @@ class ReadyWatch:
             return  # not listening yet, or not ready (503 is an HTTPError, an OSError)
         if models - self._models:
             self._models |= models
+            loading = sorted(self._expected - self._models)
             log.info(
-                "shoal: ready on %s: %s (API docs %s/docs, status %s/status)",
+                "shoal: ready on %s: %s (API docs %s/docs, status %s/status)%s",
                 self._base, ", ".join(sorted(self._models)), self._base, self._base,
+                f"; still loading: {', '.join(loading)}" if loading else "",
             )  # fmt: skip
+
+
+def loaded_at_start(settings: Settings) -> list[str]:
+    """The models `serve`'s workers load before they are ready: the encoder worker's
+    pinned ones and every generation model (others load on their first request)."""
+    from .model_registry import ModelRegistry
+
+    try:
+        registry = ModelRegistry.from_files(*settings.spec_files)
+    except Exception:  # the workers will say what is wrong with the spec
+        return []
+    served, generated = settings.worker.models, settings.generator.models
+    return sorted(
+        spec.id
+        for spec in registry
+        if (
+            "generate" in spec.tasks
+            and settings.serve_generation
+            and ("*" in generated or spec.id in generated)
+        )
+        or (
+            "generate" not in spec.tasks
+            and spec.id in settings.worker.pinned
+            and ("*" in served or spec.id in served)
+        )
+    )
 
 
 def serve(settings: Settings, topology: Topology | None = None) -> int:
@@ -247,7 +278,7 @@ def serve(settings: Settings, topology: Topology | None = None) -> int:
         )
         local = "127.0.0.1" if g.host in ("0.0.0.0", "::", "") else g.host
         local = f"[{local}]" if ":" in local else local
-        ready = ReadyWatch(f"http://{local}:{g.port}")
+        ready = ReadyWatch(f"http://{local}:{g.port}", loaded_at_start(settings))
         while not stop_asked_at:
             dead = [c for c in children if not c.alive()]
             if dead:
