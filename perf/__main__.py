@@ -5,7 +5,8 @@ engine, live latency under it), `python -m perf profile ...` (where the time goe
 `python -m perf packed-rows` (packed rows against padded batches, in process),
 `python -m perf engine-ops` (the engine's time by operator, and its arithmetic rate),
 `python -m perf weight-quality` (each generation weight tier against float32),
-`python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/) and
+`python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/),
+`python -m perf soak ...` (hours under mixed load with faults) and
 `python -m perf texts` (the text sets)."""
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ def main() -> None:
         from perf.texts import write_sets
 
         write_sets()
+    elif command == "soak":
+        from perf.soak import main as soak
+
+        soak(sys.argv[2:])
     elif command == "knee":
         from perf.knee import main as knee
 
