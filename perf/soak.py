@@ -289,7 +289,9 @@ def _report(
     ]
 
     def in_fault(s: Sent) -> bool:
-        return any(a <= s.started <= b for a, b in windows)
+        """Running when a fault struck, or started before its recovery and grace."""
+        ended = s.started + s.seconds
+        return any(s.started <= a <= ended or a <= s.started <= b for a, b in windows)
 
     totals: dict[str, dict[str, int]] = {}
     for s in sent:

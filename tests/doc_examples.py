@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ["README.md", "docs/quickstart.md", "docs/api.md"]
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 """The pages whose examples `tests/e2e/test_readme_examples.py` runs."""
 _MARK = re.compile(r"^<!--\s*example:\s*(skip|setup|answer)\b\s*(.*?)\s*-->\s*$")
 _FENCE = re.compile(r"^```(\S*)\s*$")
