@@ -17,7 +17,6 @@ with their own id prefix.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from .lifecycle import die_with_parent
+from .model_registry.cache_dirs import is_complete, partial_dir, publish
 
 __all__ = [
     "CLASS_LABELS",
@@ -173,20 +173,17 @@ def build_task_models(root: Path, prefix: str = "demo", spec_root: Path | None =
 
 
 def _complete(root: Path) -> bool:
-    spec = root / SPEC_NAME
-    return (
-        spec.is_file()
-        and str(root) in spec.read_text()  # not a copy from another data dir
-        and all((root / name / "config.json").is_file() for name in DEMO_MODELS)
-    )
+    """Built whole, for this data dir (not a copy from another: the spec names paths)."""
+    return is_complete(root) and str(root) in (root / SPEC_NAME).read_text()
 
 
 def ensure_demo_models(data_dir: str | Path) -> Path:
     """The demo spec under `data_dir`, built first when it is missing or incomplete.
 
-    The build runs in a child process writing into a fresh directory that is renamed into
-    place when whole, so a stop (an exception raised by a signal handler while this
-    waits) kills the child and leaves nothing half-built behind.
+    The build runs in a child process writing into a directory of its own that is
+    published into place when whole (model_registry/cache_dirs.py), so a stop (an
+    exception raised by a signal handler while this waits) kills the child and leaves
+    nothing half-built behind.
 
     Raises:
         DemoBuildError: the build failed (its output is in the message).
@@ -194,9 +191,9 @@ def ensure_demo_models(data_dir: str | Path) -> Path:
     root = Path(data_dir).resolve() / "demo-models"  # as `Settings.demo_spec` names it
     if _complete(root):
         return root / SPEC_NAME
-    for stale in root.parent.glob("demo-models.building-*"):
+    for stale in root.parent.glob(f"{root.name}.partial-*"):  # left by a killed start
         shutil.rmtree(stale, ignore_errors=True)
-    building = root.parent / f"demo-models.building-{os.getpid()}"
+    building = partial_dir(root)
     log.info("shoal: building the demo models (MiniLM with random heads) in %s", root)
     started = time.monotonic()
     child = subprocess.Popen(
@@ -216,8 +213,8 @@ def ensure_demo_models(data_dir: str | Path) -> Path:
     if child.returncode != 0:
         shutil.rmtree(building, ignore_errors=True)
         raise DemoBuildError(f"building the demo models failed:\n{output.decode(errors='replace')}")
-    shutil.rmtree(root, ignore_errors=True)
-    building.rename(root)
+    shutil.rmtree(root, ignore_errors=True)  # a copy from another data dir, or a leftover
+    publish(building, root)
     log.info("shoal: demo models built in %.1f s", time.monotonic() - started)
     return root / SPEC_NAME
 
