@@ -32,13 +32,13 @@ def cache_env() -> dict[str, str]:
     return {"SHOAL_CACHE_DIR": str(SHARED_CACHE)} if SHARED_CACHE else {}
 
 
-def shoal_env(nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = None) -> dict:
+def local_env(data_dir: Path, extra: Mapping[str, str] | None = None) -> dict:
+    """This environment without its `SHOAL_*` settings, for a Shoal process on `data_dir`:
+    offline, with the session's shared model cache, then `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
     env.update(
         {
-            "SHOAL_NATS__URL": nats_url,
             "SHOAL_DATA_DIR": str(data_dir),
-            "SHOAL_LOG_LEVEL": "warning",
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             **cache_env(),
@@ -46,6 +46,12 @@ def shoal_env(nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = N
     )
     env.update(extra or {})
     return env
+
+
+def shoal_env(nats_url: str, data_dir: Path, extra: Mapping[str, str] | None = None) -> dict:
+    return local_env(
+        data_dir, {"SHOAL_NATS__URL": nats_url, "SHOAL_LOG_LEVEL": "warning", **(extra or {})}
+    )
 
 
 class ShoalProcess:
@@ -126,16 +132,7 @@ def start_serve(
     """`shoal serve ARGS` on a free port with its own data dir (its log beside it), not
     waited on; the process and its base URL."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-    env.update(
-        {
-            "SHOAL_DATA_DIR": str(data_dir),
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            **cache_env(),
-            **(extra or {}),
-        }
-    )
+    env = local_env(data_dir, extra)  # at serve's own log level: its ready line is info
     log = data_dir.parent / f"serve-{port}.log"
     return ShoalProcess(["serve", "--port", str(port), *args], env, log), f"http://127.0.0.1:{port}"
 
