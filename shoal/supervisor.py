@@ -206,20 +206,11 @@ def loaded_at_start(settings: Settings) -> list[str]:
         registry = ModelRegistry.from_files(*settings.spec_files)
     except Exception:  # the workers will say what is wrong with the spec
         return []
-    served, generated = settings.worker.models, settings.generator.models
     return sorted(
         spec.id
         for spec in registry
-        if (
-            "generate" in spec.tasks
-            and settings.serve_generation
-            and ("*" in generated or spec.id in generated)
-        )
-        or (
-            "generate" not in spec.tasks
-            and spec.id in settings.worker.pinned
-            and ("*" in served or spec.id in served)
-        )
+        if (settings.serve_generation and settings.generator.serves(spec.id, spec.tasks))
+        or (spec.id in settings.worker.pinned and settings.worker.serves(spec.id, spec.tasks))
     )
 
 

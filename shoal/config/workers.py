@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated
 
 import msgspec
@@ -35,6 +36,10 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_interval: float = 1.0
     """Seconds between a worker's heartbeats (what it serves, its load), which gateways
     and the status page read; `gateway.worker_ttl` after the last one it counts as gone."""
+
+    def serves(self, model: str, tasks: Collection[str]) -> bool:
+        """Whether an encoder worker serves the model `model` with `tasks`."""
+        return "generate" not in tasks and ("*" in self.models or model in self.models)
 
 
 class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -76,3 +81,7 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     openvino_cache_gb: float = 1.0
     """The OpenVINO runtime's KV cache per model, in GB (paged: shared by every running
     sequence)."""
+
+    def serves(self, model: str, tasks: Collection[str]) -> bool:
+        """Whether a generation worker serves the model `model` with `tasks`."""
+        return "generate" in tasks and ("*" in self.models or model in self.models)

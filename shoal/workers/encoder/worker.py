@@ -89,7 +89,6 @@ class EncoderKind(WorkerKind):
     def __init__(self, settings: Settings, adapters: Sequence[EncoderAdapter] = ()) -> None:
         self.settings = settings
         self._preset = {a.spec.id: a for a in adapters}
-        self._served = set(settings.worker.models)
         self.models: dict[str, EncoderModel] = {}
         self._clock = time.monotonic
         self._wake = asyncio.Event()
@@ -133,9 +132,7 @@ class EncoderKind(WorkerKind):
     # The models ------------------------------------------------------------------------
 
     def serves(self, spec: ModelSpec) -> bool:
-        if "generate" in spec.tasks:  # generation workers serve these
-            return False
-        return "*" in self._served or spec.id in self._served
+        return self.settings.worker.serves(spec.id, spec.tasks)
 
     async def add_model(self, spec: ModelSpec) -> None:
         w = self.settings.worker
@@ -200,7 +197,7 @@ class EncoderKind(WorkerKind):
     def heartbeat(self) -> dict[str, Any]:
         r = self.residency
         return {
-            "models": sorted(self._served),
+            "models": sorted(set(self.settings.worker.models)),
             "resident": sorted(r.resident),
             "resident_bytes": r.used,
             "memory_budget": r.budget,

@@ -93,8 +93,7 @@ class GenerationKind(WorkerKind):
     # The models ------------------------------------------------------------------------
 
     def serves(self, spec: ModelSpec) -> bool:
-        served = self.settings.generator.models
-        return "generate" in spec.tasks and ("*" in served or spec.id in served)
+        return self.settings.generator.serves(spec.id, spec.tasks)
 
     def _make_runtime(self, spec: ModelSpec, engine: str) -> GenerationRuntime:
         g = self.settings.generator
