@@ -44,6 +44,7 @@ __all__ = [
     "Admission",
     "AdmissionMiddleware",
     "UsageMeter",
+    "caller_may_use",
     "caller_name",
     "caller_scope",
     "current_principal",
@@ -82,6 +83,13 @@ def caller_scope() -> str | None:
     everyone's (None) without keys or with an admin key."""
     principal = current_principal.get()
     return None if principal is None or principal.admin else principal.name
+
+
+def caller_may_use(*names: str) -> bool:
+    """Whether the current caller may use a model known by any of `names` (always,
+    without keys)."""
+    principal = current_principal.get()
+    return principal is None or principal.may_use(*names)
 
 
 def meter_usage(tokens: int) -> None:

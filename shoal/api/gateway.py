@@ -43,7 +43,7 @@ from ..queue.dead_letters import DeadLetters
 from ..queue.messages import Result
 from ..queue.objects import open_object_store
 from ..queue.payloads import PayloadStore
-from .admission import current_principal, meter_usage
+from .admission import caller_may_use, current_principal, meter_usage
 from .batch_store import BatchStore
 from .errors import as_shoal_error
 from .files import FileStore
@@ -137,12 +137,10 @@ class Gateway:
     def _could_name(self, op: str | None) -> list[str]:
         """The models serving `op` that the caller's key may use: what an unknown model's
         error suggests (never a model the key may not see)."""
-        principal = current_principal.get()
         return sorted(
             spec.id
             for spec in self.registry
-            if (op is None or op in spec.tasks)
-            and (principal is None or principal.may_use(spec.id, *spec.aliases))
+            if (op is None or op in spec.tasks) and caller_may_use(spec.id, *spec.aliases)
         )
 
     def resolve(

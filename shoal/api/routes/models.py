@@ -5,7 +5,7 @@ from __future__ import annotations
 from litestar import Controller, get
 
 from ...compat.openai import Model, ModelList
-from ..admission import current_principal
+from ..admission import caller_may_use
 from ..gateway import GatewayDep, Target
 from ._openapi import RESOURCE_ERRORS
 
@@ -25,7 +25,6 @@ class ModelsController(Controller):
     @get(summary="List models (LoRA adapters appear as `base:adapter`)", responses=RESOURCE_ERRORS)
     async def list_models(self, gateway: GatewayDep) -> ModelList:
         ready = gateway.dispatcher.ready_models()
-        principal = current_principal.get()
         cards = []
         for spec in gateway.registry:
             targets = [
@@ -35,7 +34,7 @@ class ModelsController(Controller):
             cards.extend(
                 _card(gateway, t, ready)
                 for t in targets
-                if principal is None or principal.may_use(t.name, spec.id, *spec.aliases)
+                if caller_may_use(t.name, spec.id, *spec.aliases)
             )
         return ModelList(data=cards)
 
