@@ -60,16 +60,10 @@ from perf.generation_throughput import (  # noqa: E402
 )
 from perf.stack import local_stack, peer_server  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
+from shoal.tune.knee import quantile  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
 TARGETS = "shoal,shoal-float32,openvino,openvino-native,llamacpp-np1,llamacpp-np32"
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def _summary(wall: float, tokens: int, ttfts: list[float], latencies: list[float]) -> dict:
@@ -77,10 +71,10 @@ def _summary(wall: float, tokens: int, ttfts: list[float], latencies: list[float
         "tokens_per_s": round(tokens / wall, 1) if wall else None,
         "output_tokens": tokens,
         "wall_s": round(wall, 2),
-        "ttft_p50_ms": round(1000 * _pct(ttfts, 0.5), 1) if ttfts else None,
-        "ttft_p90_ms": round(1000 * _pct(ttfts, 0.9), 1) if ttfts else None,
-        "latency_p50_s": round(_pct(latencies, 0.5), 3) if latencies else None,
-        "latency_p90_s": round(_pct(latencies, 0.9), 3) if latencies else None,
+        "ttft_p50_ms": round(1000 * quantile(ttfts, 0.5), 1) if ttfts else None,
+        "ttft_p90_ms": round(1000 * quantile(ttfts, 0.9), 1) if ttfts else None,
+        "latency_p50_s": round(quantile(latencies, 0.5), 3) if latencies else None,
+        "latency_p90_s": round(quantile(latencies, 0.9), 3) if latencies else None,
         "requests": len(latencies),
     }
 

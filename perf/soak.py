@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from perf.soak_load import RERANKER, SHARES, Sent, Traffic, batch_lines  # noqa: E402
 from shoal.queue.embedded import EmbeddedNats, free_port  # noqa: E402
+from shoal.tune.knee import quantile  # noqa: E402
+from shoal.tune.machine import machine  # noqa: E402
 from tests.helpers import (  # noqa: E402
     GEN_MODEL,
     MODEL,
@@ -153,13 +155,6 @@ def _usage(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 async def _stream_depth(nats_url: str) -> int | None:
     import nats
 
@@ -224,7 +219,7 @@ async def _sample(cluster: Cluster, sent: list[Sent], now: float) -> dict:
     routes = {}
     for route in SHARES:
         ok = [s.seconds for s in window if s.route == route and 200 <= s.status < 300]
-        routes[route] = {"ok": len(ok), "p50": _quantile(ok, 0.5), "p99": _quantile(ok, 0.99)}
+        routes[route] = {"ok": len(ok), "p50": quantile(ok, 0.5), "p99": quantile(ok, 0.99)}
     statuses: dict[str, int] = {}
     for s in window:
         statuses[str(s.status)] = statuses.get(str(s.status), 0) + 1
@@ -371,7 +366,7 @@ def verdict(report: dict) -> list[str]:
         for route in SHARES:
             first = [s["routes"][route]["p99"] for s in samples if 60 <= s["t"] < 660]
             last = [s["routes"][route]["p99"] for s in samples if s["t"] >= samples[-1]["t"] - 600]
-            a, b = _quantile([x for x in first if x], 0.5), _quantile([x for x in last if x], 0.5)
+            a, b = quantile([x for x in first if x], 0.5), quantile([x for x in last if x], 0.5)
             if a and b and b > 1.2 * a:
                 misses.append(f"{route}: p99 {b:.2f} s in the last 10 min against {a:.2f} s")
     return misses
@@ -408,13 +403,8 @@ def write(report: dict, out: Path, argv: list[str]) -> Path:
 
 
 def _machine() -> str:
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags |= {
-                f for f in line.split() if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-            }
-    return f"{os.cpu_count()} cores, {' '.join(sorted(flags))}"
+    m = machine()
+    return f"{m['cpu']}, {m['cores']} cores, {m['flags']}"
 
 
 def _plot(report: dict, path: Path) -> None:

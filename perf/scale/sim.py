@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shoal.model_registry import BatchProfile, ModelSpec
-from shoal.tune.knee import Step, kept_up
+from shoal.tune.knee import Step, kept_up, quantile
 from shoal.workers.adapters.dummy import DummyAdapter
 from shoal.workers.batcher import Batcher
 from shoal.workers.encoder.model import EncoderModel
@@ -484,7 +484,7 @@ def run_step(
         step.achieved_rps = len(answered) / elapsed
         step.achieved_tps = step.achieved_rps * mean_texts
         step.p50_ms, step.p90_ms, step.p99_ms = (
-            answered[min(len(answered) - 1, round(q * (len(answered) - 1)))] * 1000
+            quantile(answered, q) * 1000  # type: ignore[operator]
             for q in (0.5, 0.9, 0.99)
         )
     busy = sum(min(w.busy_s, seconds) for w in cluster.workers)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-__all__ = ["Knee", "Load", "Step", "describe", "find_knee", "kept_up"]
+__all__ = ["Knee", "Load", "Step", "describe", "find_knee", "kept_up", "quantile"]
 
 KEEPS_UP = 0.9
 """Share of the offered requests a step must answer to count as keeping up."""
@@ -58,10 +58,19 @@ class Knee:
     p50_at_half_knee_ms: float | None = None
 
 
-def _percentile(ordered: list[float], q: float) -> float | None:
-    if not ordered:
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """The `q` quantile of `values` (the nearest rank), None for none: every latency
+    figure of the knee and of perf/ is read this one way."""
+    if not values:
         return None
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    """In milliseconds, from seconds."""
+    value = quantile(ordered, q)
+    return None if value is None else value * 1000
 
 
 class Load:
