@@ -68,6 +68,16 @@ def _read_all(conn: socket.socket) -> bytes:
     return data
 
 
+def _trickle(conn: socket.socket, pieces: list[bytes], pause: float) -> None:
+    """Send `pieces` with `pause` seconds between them, until the server cuts us off."""
+    try:
+        for piece in pieces:
+            conn.sendall(piece)
+            time.sleep(pause)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 def _post(body: bytes) -> bytes:
     head = f"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n"
     return head.encode() + body
@@ -104,12 +114,8 @@ def test_a_head_sent_a_byte_at_a_time_gets_408(port: int) -> None:
     conn = _connect(port)
     started = time.monotonic()
     head = b"GET /echo HTTP/1.1\r\nhost: x\r\nx-slow: " + b"y" * 100
-    try:
-        for byte in head:  # each byte in time, the head as a whole not
-            conn.sendall(bytes([byte]))
-            time.sleep(0.05)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
+    # Each byte in time, the head as a whole not.
+    _trickle(conn, [bytes([byte]) for byte in head], pause=0.05)
     _timed_out(_read_all(conn))
     assert time.monotonic() - started < HEAD_S + 5
     conn.close()
@@ -119,12 +125,7 @@ def test_a_body_that_trickles_gets_408(port: int) -> None:
     conn = _connect(port)
     started = time.monotonic()
     conn.sendall(_post(b"x" * 10_000)[:-10_000])
-    try:
-        for _ in range(100):  # 100 bytes/s, well below the minimum rate
-            conn.sendall(b"x" * 10)
-            time.sleep(0.1)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
+    _trickle(conn, [b"x" * 10] * 100, pause=0.1)  # 100 bytes/s, well below the minimum rate
     _timed_out(_read_all(conn))
     assert time.monotonic() - started < BODY_S + 5
     conn.close()
