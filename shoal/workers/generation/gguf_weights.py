@@ -9,13 +9,10 @@ minimum) per block of 32, decompressed inside the matmul. OpenVINO's CPU plugin 
 the Convert, Subtract, Multiply chain into its FullyConnected (and Gather) kernels, so a
 step reads the 4-bit codes, not a widened copy.
 
-The file's arithmetic, per block of 32 (llama.cpp's ggml-quants):
-- Q4_0: w = d * (q - 8), q in 0..15;
-- Q4_1: w = d * q + m, written here as (q - z) * d with z = -m / d kept in float32,
-  never rounded onto an integer zero point (as int4 tools do): the same value within
-  float32 rounding (checked, below);
-- Q8_0: w = d * q, q signed.
-Other tensor types (K-quants, F16, F32) keep the exported float32 constant.
+Each block type (`gguf_blocks`: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) is, per group of
+weights, its integer codes, a scale and a float zero point, exactly the file's values.
+Other tensor types (Q5_0, Q5_1, Q2_K, Q3_K, the i-quants; F16, F32) keep the exported
+float32 constant.
 
 Every replaced weight is checked against the exported constant (gguf-py's dequantizing
 of the same bytes): where they differ by more than float32 rounding (a layout this
@@ -33,12 +30,12 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from shoal.workers.generation.gguf_blocks import BLOCK_TYPES, FOUR_BIT_TYPES, SIGNED_TYPES, blocks
+
 __all__ = ["NativeWeights", "native_weights"]
 
 log = logging.getLogger(__name__)
 
-_BLOCK = 32  # weights per block in Q4_0, Q4_1 and Q8_0
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 _FLOAT_TYPES = {"F32", "F16", "BF16"}  # float tensors: served as exported
 _TOLERANCE = 1e-6  # of the tensor's largest |w|: float32 rounding, far below a 4-bit step
 
@@ -57,17 +54,17 @@ class NativeWeights(msgspec.Struct):
 
 def native_weights(model, gguf_path: Path) -> NativeWeights:
     """Replace, in the OpenVINO `model` (optimum's export of the dequantized GGUF), every
-    weight constant the GGUF at `gguf_path` stores as Q4_0, Q4_1 or Q8_0 by its blocks."""
+    weight constant the GGUF at `gguf_path` stores in one of `BLOCK_TYPES` by its blocks."""
     import gguf
 
     reader = gguf.GGUFReader(str(gguf_path))
     arch = _field(reader, "general.architecture")
-    blocks = int(_field(reader, f"{arch}.block_count"))
+    layers = int(_field(reader, f"{arch}.block_count"))
     heads = {int(_field(reader, f"{arch}.attention.head_count"))}
     kv_heads = _field(reader, f"{arch}.attention.head_count_kv")
     if kv_heads is not None:
         heads.add(int(kv_heads))
-    names = gguf.get_tensor_name_map(_arch(gguf, arch), blocks)
+    names = gguf.get_tensor_name_map(_arch(gguf, arch), layers)
     tensors = {t.name: t for t in reader.tensors}
     done = NativeWeights()
     for const in _weight_constants(model):
@@ -77,17 +74,17 @@ def native_weights(model, gguf_path: Path) -> NativeWeights:
         if tensor is None:
             continue
         kind = tensor.tensor_type.name
-        if kind not in _BLOCK_BYTES:
-            if kind not in _FLOAT_TYPES:  # K-quants and others: not expressed here yet
+        if kind not in BLOCK_TYPES:
+            if kind not in _FLOAT_TYPES:  # Q5_0, Q2_K, i-quants...: not expressed here yet
                 done.kept[hf_name] = f"{kind} blocks are not served as blocks yet"
             continue
         exported = const.get_data()
         raw = np.asarray(tensor.data).reshape(exported.shape[0], -1)
-        blocks = _matching_blocks(raw, kind, exported, heads)
-        if blocks is None:
+        grouped = _matching_blocks(raw, kind, exported, heads)
+        if grouped is None:
             done.kept[hf_name] = f"{kind} blocks do not match the exported weights"
             continue
-        node = _decompressed(*blocks, kind, exported.shape, const.get_friendly_name())
+        node = _decompressed(*grouped, kind, exported.shape, const.get_friendly_name())
         for target in list(const.output(0).get_target_inputs()):
             target.replace_source_output(node)
         done.replaced[kind] = done.replaced.get(kind, 0) + 1
@@ -120,7 +117,7 @@ def _weight_constants(model) -> Iterable:
 
 
 def _matching_blocks(raw: np.ndarray, kind: str, exported: np.ndarray, heads: set[int]):
-    """The blocks (`_blocks`) with the GGUF rows in the exported constant's order (the
+    """The blocks (`gguf_blocks.blocks`) with the GGUF rows in the exported constant's order (the
     file's, or the llama Q/K layout put back for one of `heads`), or None when neither
     gives the same weights."""
     n = raw.shape[0]
@@ -130,29 +127,11 @@ def _matching_blocks(raw: np.ndarray, kind: str, exported: np.ndarray, heads: se
             candidates.append(np.arange(n).reshape(h, n // h // 2, 2).swapaxes(2, 1).reshape(n))
     limit = _TOLERANCE * max(float(np.abs(exported).max()), 1e-30)
     for rows in candidates:
-        codes, scale, zero = _blocks(raw[rows], kind)
+        codes, scale, zero = blocks(raw[rows], kind)
         served = ((codes.astype(np.float32) - zero) * scale).reshape(exported.shape)
         if np.abs(served - exported).max() <= limit:
             return codes, scale, zero
     return None
-
-
-def _blocks(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(codes, scale, zero point) per block: codes (rows, groups, 32), uint8 for 4-bit
-    types and int8 for Q8_0; scale float32 (an f16 of the file, exactly); zero float32."""
-    blocks = raw.reshape(raw.shape[0], -1, _BLOCK_BYTES[kind])
-    scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
-    if kind == "Q8_0":
-        return blocks[..., 2:].copy().view(np.int8), scale, np.zeros_like(scale)
-    nibbles = blocks[..., 4:] if kind == "Q4_1" else blocks[..., 2:]
-    # Byte j holds weight j in its low nibble and weight j + 16 in its high one.
-    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
-    if kind == "Q4_0":
-        return codes, scale, np.full((1, 1, 1), 8.0, dtype=np.float32)
-    minimum = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        zero = np.where(scale != 0, -minimum / scale, 0.0).astype(np.float32)
-    return codes, scale, zero
 
 
 def _decompressed(
@@ -169,16 +148,17 @@ def _decompressed(
     from openvino import opset13 as ops
 
     grouped = codes.shape
-    if kind == "Q8_0":
-        weight = ops.constant(np.ascontiguousarray(codes), ov.Type.i8)
-    else:  # two codes a byte, the first in the low nibble (OpenVINO's u4 layout)
+    if kind in FOUR_BIT_TYPES:  # two codes a byte, the first in the low nibble (OpenVINO's u4)
         # A tensor of OpenVINO's own: one made over a numpy array would only borrow it.
         tensor = ov.Tensor(ov.Type.u4, ov.Shape(list(grouped)))
         tensor.data[:] = (codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(-1)
         weight = ops.constant(tensor)
+    else:  # 8-bit codes: Q8_0 and Q6_K signed, Q5_K's 5 bits in a u8
+        code_type = ov.Type.i8 if kind in SIGNED_TYPES else ov.Type.u8
+        weight = ops.constant(np.ascontiguousarray(codes), code_type)
     weight.set_friendly_name(name)
     value = ops.convert(weight, ov.Type.f32)
-    if kind != "Q8_0":
+    if kind not in SIGNED_TYPES:
         value = ops.subtract(value, ops.constant(zero))
     value = ops.multiply(value, ops.constant(scale))
     return ops.reshape(value, ops.constant(np.asarray(shape, dtype=np.int64)), False).output(0)

@@ -22,18 +22,36 @@ from shoal.workers.generation.gguf_weights import native_weights  # noqa: E402
 from shoal.workers.generation.weight_guard import EXACT  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-HIDDEN, HEADS, KV_HEADS, VOCAB = 64, 2, 1, 16
+HIDDEN, HEADS, KV_HEADS, VOCAB = 256, 2, 1, 16  # K-quant rows are whole super-blocks of 256
 ROTARY = {"attn_q": HEADS, "attn_k": KV_HEADS}
 # GGUF name -> (block type, rows, HF name)
 WEIGHTS = {
     "blk.0.attn_q": (Q.Q4_1, 64, "model.layers.0.self_attn.q_proj"),
     "blk.0.attn_k": (Q.Q4_0, 32, "model.layers.0.self_attn.k_proj"),
+    "blk.0.attn_v": (Q.Q4_K, 32, "model.layers.0.self_attn.v_proj"),
+    "blk.0.attn_output": (Q.Q5_K, 64, "model.layers.0.self_attn.o_proj"),
     "blk.0.ffn_down": (Q.Q8_0, 64, "model.layers.0.mlp.down_proj"),
     "blk.0.ffn_up": (Q.Q4_1, 96, "model.layers.0.mlp.up_proj"),
-    "token_embd": (Q.Q8_0, VOCAB, "model.embed_tokens"),
+    "token_embd": (Q.Q6_K, VOCAB, "model.embed_tokens"),  # as Q4_K_M files store it
     "blk.0.ffn_gate": (Q.Q5_1, 96, "model.layers.0.mlp.gate_proj"),  # not expressed here
 }
 MISMATCHED = "model.layers.0.mlp.up_proj"
+
+
+# Where each f16 super-block scale sits in a K-quant block (gguf-py cannot quantize to
+# K-quants, so their blocks are random codes and 6/8-bit scales under a sane f16 scale).
+K_SCALE_BYTES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def _random_k_blocks(rng, kind, rows: int) -> np.ndarray:
+    size = gguf.GGML_QUANT_SIZES[kind][1]
+    raw = rng.integers(0, 256, (rows, HIDDEN // 256, size), dtype=np.uint8)
+    for at in K_SCALE_BYTES[kind]:
+        scale = rng.uniform(1e-3, 1e-2, (rows, HIDDEN // 256)).astype(np.float16)
+        raw[..., at : at + 2] = scale[..., None].view(np.uint8).reshape(rows, -1, 2)
+    if kind != Q.Q6_K:  # no 6-bit group scale of 0: llama.cpp writes one only for a group
+        raw[..., 4:16] |= 1  # of equal weights, which (q - z) * 0 cannot express (kept f32)
+    return raw.reshape(rows, -1)
 
 
 def _to_file_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -57,7 +75,10 @@ def checkpoint(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
         w = rng.standard_normal((rows, HIDDEN)).astype(np.float32) * 0.1
         heads = ROTARY.get(name.split(".")[-1])
         in_file = _to_file_rows(w, heads) if heads else w
-        blocks = gguf.quants.quantize(in_file, kind)
+        if kind in K_SCALE_BYTES:
+            blocks = _random_k_blocks(rng, kind, rows)
+        else:
+            blocks = gguf.quants.quantize(in_file, kind)
         writer.add_tensor(f"{name}.weight", blocks, raw_dtype=kind)
         exported[hf_name] = gguf.quants.dequantize(blocks, kind).astype(np.float32)
         if heads:  # transformers puts the rows back when it reads the file
@@ -96,7 +117,7 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
     model = _graph(exported)
     done = native_weights(model, path)
 
-    assert done.replaced == {"Q4_1": 1, "Q4_0": 1, "Q8_0": 2}
+    assert done.replaced == {"Q4_1": 1, "Q4_0": 1, "Q8_0": 1, "Q4_K": 1, "Q5_K": 1, "Q6_K": 1}
     assert done.kept == {
         MISMATCHED: "Q4_1 blocks do not match the exported weights",
         "model.layers.0.mlp.gate_proj": "Q5_1 blocks are not served as blocks yet",
@@ -122,10 +143,11 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
                 kind,
                 op.input(1 if kind == "FullyConnected" else 0).get_element_type().get_type_name(),
             ] += 1
-    assert weights["FullyConnected", "u4"] == 2  # Q4_1 and Q4_0
+    assert weights["FullyConnected", "u4"] == 3  # Q4_1, Q4_0 and Q4_K
+    assert weights["FullyConnected", "u8"] == 1  # Q5_K's 5-bit codes
     assert weights["FullyConnected", "i8"] == 1  # Q8_0
     assert weights["FullyConnected", "f32"] == 2  # the mismatched and the Q5_1 one, kept
-    assert weights["Gather", "i8"] == 1  # the embedding
+    assert weights["Gather", "i8"] == 1  # the embedding, Q6_K's signed 6-bit codes
 
 
 def test_a_graph_without_matching_names_is_left_alone(checkpoint) -> None:
