@@ -78,11 +78,16 @@ def _k_scales(per_block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (d * sc).astype(np.float32)[..., None], (dmin * m).astype(np.float32)[..., None]
 
 
+def _shifted(packed: np.ndarray, width: int, *shifts: int) -> np.ndarray:
+    """(blocks, runs, len(shifts), width): each run of `width` bytes shifted right by each
+    of `shifts`, the way K-quants lay several groups' bits into the same bytes."""
+    by = np.array(shifts, dtype=np.uint8).reshape(1, 1, -1, 1)
+    return packed.reshape(packed.shape[0], -1, 1, width) >> by
+
+
 def _low_nibbles_then_high(packed: np.ndarray) -> np.ndarray:
-    """K-quants: each 32 bytes hold two groups of 32, the first in the low nibbles."""
-    n = packed.shape[0]
-    shifted = packed.reshape(n, -1, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    return (shifted & 0x0F).reshape(n, -1, 32)
+    """Q4_K/Q5_K: each 32 bytes hold two groups of 32, the first in the low nibbles."""
+    return (_shifted(packed, 32, 0, 4) & 0x0F).reshape(packed.shape[0], -1, 32)
 
 
 def _q4_k(per_block: np.ndarray):
@@ -92,24 +97,20 @@ def _q4_k(per_block: np.ndarray):
 
 def _q5_k(per_block: np.ndarray):
     scale, minimum = _k_scales(per_block)
-    n, high_bits = per_block.shape[0], per_block[:, 16:48]  # bit g of byte l: group g's 5th
-    shifts = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
-    fifth = (high_bits.reshape(n, 1, 32) >> shifts) & 0x01
+    n = per_block.shape[0]  # bit g of byte l is the 5th bit of weight l of group g
+    fifth = (_shifted(per_block[:, 16:48], 32, *range(8)) & 0x01).reshape(n, -1, 32)
     codes = _low_nibbles_then_high(per_block[:, 48:]) | (fifth << 4)
     return codes, scale, _zero(minimum, scale)
 
 
 def _q6_k(per_block: np.ndarray):
-    n = per_block.shape[0]
-    low = per_block[:, :128].reshape(n, -1, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    high = per_block[:, 128:192].reshape(n, -1, 1, 32) >> np.array(
-        [0, 2, 4, 6], np.uint8
-    ).reshape(1, 1, 4, 1)
-    q = (low & 0x0F).reshape(n, -1, 32) | ((high & 0x03).reshape(n, -1, 32) << 4)
-    codes = (q.astype(np.int16) - 32).astype(np.int8).reshape(n, _SUPER // 16, 16)
+    n = per_block.shape[0]  # low 4 bits: 64-byte runs, two groups; high 2: 32, four groups
+    low = (_shifted(per_block[:, :128], 64, 0, 4) & 0x0F).reshape(n, -1, 32)
+    high = (_shifted(per_block[:, 128:192], 32, 0, 2, 4, 6) & 0x03).reshape(n, -1, 32)
+    codes = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
     scale = _f16(per_block[:, 208:210]) * per_block[:, 192:208].copy().view(np.int8)
     scale = scale.astype(np.float32)[..., None]
-    return codes, scale, np.zeros_like(scale)
+    return codes.reshape(n, _SUPER // 16, 16), scale, np.zeros_like(scale)
 
 
 _K_QUANTS = {"Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
