@@ -69,13 +69,23 @@ async def results_of(gateway: Gateway, request: TaskRequest) -> tuple[list[Resul
 
 
 async def answer(gateway: Gateway, request: TaskRequest) -> Answer:
-    """An encoder request's response and its timing headers."""
+    """An encoder request's response and its timing headers. A request that may ask for
+    int8/uint8 vectors has `ranges_dims(spec)` (the dimension count whose calibration
+    range its answer needs, or None) and takes that range as `respond`'s third argument."""
     results, target = await results_of(gateway, request)
+    dims = request.ranges_dims(target.spec) if hasattr(request, "ranges_dims") else None
+    if dims is not None:
+        ranges = await gateway.calibrations.ranges(
+            target.spec, target.adapter, dims, lambda r: gateway.run(target, r)
+        )
+        body = request.respond(results, target.name, ranges)  # type: ignore[call-arg]
+    else:
+        body = request.respond(results, target.name)
     timing = {
         "x-queue-time": f"{max(r.queue_ms for r in results):.2f}",
         "x-inference-time": f"{max(r.inference_ms for r in results):.2f}",
     }
-    return Answer(request.respond(results, target.name), timing)
+    return Answer(body, timing)
 
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest | ResponseRequest

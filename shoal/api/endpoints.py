@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ..compat.classify import ClassifyRequest, ClassifyResponse
+from ..compat.cohere_embed import CohereEmbedRequest, CohereEmbedResponse
 from ..compat.multivector import MultiVectorRequest, MultiVectorResponse
 from ..compat.ner import NerRequest, NerResponse
 from ..compat.openai import EmbeddingRequest, EmbeddingResponse
@@ -82,10 +83,22 @@ def _one(name: str, endpoint: Endpoint) -> RouteGroup:
 
 
 GROUPS: tuple[RouteGroup, ...] = (
-    _one(
+    RouteGroup(
         "embeddings",
-        Endpoint(
-            ("/v1/embeddings",), EmbeddingRequest, EmbeddingResponse, "Create embeddings", OPENAI
+        (
+            Endpoint(
+                ("/v1/embeddings",),
+                EmbeddingRequest,
+                EmbeddingResponse,
+                "Create embeddings",
+                OPENAI,
+            ),
+            Endpoint(
+                ("/v2/embed",),
+                CohereEmbedRequest,
+                CohereEmbedResponse,
+                "Embed texts (Cohere's v2 shape; float, int8, uint8, binary, ubinary)",
+            ),
         ),
     ),
     RouteGroup(

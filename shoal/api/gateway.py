@@ -45,6 +45,7 @@ from ..queue.objects import open_object_store
 from ..queue.payloads import PayloadStore
 from .admission import caller_may_use, current_principal, meter_usage
 from .batch_store import BatchStore
+from .calibration import Calibrations
 from .errors import as_shoal_error
 from .files import FileStore
 from .keys import PermissionDeniedError
@@ -99,6 +100,8 @@ class Gateway:
         self.lane: Lane = "interactive"
         """Where this gateway's work goes; batch runs use a view on the batch lane."""
         self.request_timeout = settings.gateway.request_timeout
+        self.calibrations = Calibrations()
+        """Embedding models' int8/uint8 ranges (shared with the batch-lane view)."""
 
     def on_batch_lane(self, timeout: float) -> Gateway:
         """A view sharing everything but where work goes (the low-priority batch lane,

@@ -22,10 +22,14 @@ from ..compat.ner import NativeNerRequest, NerEntity, NerResponse
 from ..compat.rerank import RerankRequest, RerankResponse
 from .errors import RateLimitError, ShoalAPIError, UnavailableError
 
-__all__ = ["Call", "Dtype", "RetryPolicy", "embed", "multivector", "ner", "rerank"]
+__all__ = ["Call", "Dtype", "EmbedDtype", "RetryPolicy", "embed", "multivector", "ner", "rerank"]
 
 T = TypeVar("T")
 Dtype = Literal["float32", "float16"]
+EmbedDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
+"""The compact types (shoal.compat.compact) come back as int8/uint8 arrays; binary and
+ubinary hold 8 components a byte."""
+_NUMPY = {"binary": "int8", "ubinary": "uint8"}
 MSGPACK = "application/msgpack"
 _HEADERS = {"content-type": MSGPACK, "accept": MSGPACK}
 _JSON = {"content-type": "application/json"}
@@ -54,13 +58,14 @@ def _shoal(adapter: str | None) -> ShoalOptions | None:
 
 
 def _array(data: bytes, dtype: str, shape: Sequence[int]) -> np.ndarray:
-    return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+    kind = np.dtype(_NUMPY.get(dtype, dtype)).newbyteorder("<")
+    return np.frombuffer(data, dtype=kind).reshape(shape)
 
 
 def embed(
     texts: Sequence[str],
     model: str,
-    dtype: Dtype = "float32",
+    dtype: EmbedDtype = "float32",
     dimensions: int | None = None,
     truncate: bool = True,
     adapter: str | None = None,

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import httpx
 
 from . import calls
-from .calls import Call, Dtype, Parsed, RetryPolicy
+from .calls import Call, Dtype, EmbedDtype, Parsed, RetryPolicy
 from .errors import ShoalAPIError, error_from_response
 
 __all__ = ["DEFAULT_URL", "AsyncClient", "Client"]
@@ -80,7 +80,7 @@ class _Operations:
         texts: Sequence[str],
         *,
         model: str,
-        dtype: Dtype = "float32",
+        dtype: EmbedDtype = "float32",
         dimensions: int | None = None,
         truncate: bool = True,
         adapter: str | None = None,
@@ -95,7 +95,7 @@ class _Operations:
         model: str,
         batch_size: int = 256,
         concurrency: int = 4,
-        dtype: Dtype = "float32",
+        dtype: EmbedDtype = "float32",
         dimensions: int | None = None,
         truncate: bool = True,
         adapter: str | None = None,

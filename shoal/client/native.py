@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .calls import Dtype
+from .calls import EmbedDtype
 from .clients import DEFAULT_URL, Client
 
 __all__ = ["embed"]
@@ -17,7 +17,7 @@ def embed(
     *,
     model: str,
     base_url: str = DEFAULT_URL,
-    dtype: Dtype = "float32",
+    dtype: EmbedDtype = "float32",
     dimensions: int | None = None,
     client: Client | None = None,
     timeout: float = 120.0,

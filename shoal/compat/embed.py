@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
+import numpy as np
 
 from ..config import GatewaySettings
 from ..model_registry import ModelSpec
@@ -36,6 +37,11 @@ class Vectors(msgspec.Struct, frozen=True):
     inference_ms: float
     row_tokens: list[int] = []
     """Each row's input tokens (empty from a worker that does not report them)."""
+
+    def matrix(self) -> np.ndarray:
+        """The rows as a (rows, dims) array over the buffer (no copy)."""
+        dtype = "<f2" if self.dtype == "float16" else "<f4"
+        return np.frombuffer(self.data, dtype=dtype).reshape(self.rows, self.dims)
 
     def rows_between(self, start: int, stop: int) -> Vectors:
         """Rows `start:stop` as their own Vectors, usage theirs alone (without a copy of

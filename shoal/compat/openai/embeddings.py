@@ -14,6 +14,7 @@ from ...model_registry import ModelSpec
 from ...queue.messages import EmbedJob, EmbedResult
 from ...queue.subjects import Task
 from .._constraints import ModelName, TokenId
+from ..compact import COMPACT_TYPES, CompactType, needs_ranges, quantize
 from ..embed import EmbedOptions, Vectors, build_embed_jobs, join_vectors
 from ..errors import InvalidRequestError
 from ..extensions import ShoalOptions
@@ -31,7 +32,10 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     input: str | list[str | TokenId | list[TokenId]]
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
     model: ModelName
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "int8", "uint8", "binary", "ubinary"] = "float"
+    """`float` and `base64` are OpenAI's; the compact types are Shoal's extension (the SDK
+    passes any value through): int8/uint8 bucket each component by the model's
+    calibration range, binary/ubinary pack one bit per component (`compact`)."""
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     user: str | None = None
     # --- Shoal extensions -------------------------------------------------------------
@@ -48,8 +52,16 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
         texts, token_ids = self.inputs()
         return build_embed_jobs(env, spec, self.options(), limits, texts, token_ids)
 
-    def respond(self, results: Sequence[EmbedResult], model: str) -> EmbeddingResponse:
-        return EmbeddingResponse.from_vectors(join_vectors(results), model, self.encoding_format)
+    def ranges_dims(self, spec: ModelSpec) -> int | None:
+        return (self.dimensions or spec.dims) if needs_ranges(self.encoding_format) else None
+
+    def respond(
+        self, results: Sequence[EmbedResult], model: str, ranges: np.ndarray | None = None
+    ) -> EmbeddingResponse:
+        vectors = join_vectors(results)
+        if self.encoding_format in COMPACT_TYPES:
+            return EmbeddingResponse.compact(vectors, model, self.encoding_format, ranges)
+        return EmbeddingResponse.from_vectors(vectors, model, self.encoding_format)
 
     def inputs(self) -> tuple[list[str], list[list[int]]]:
         """`(texts, token_ids)`, exactly one of them non-empty.
@@ -91,6 +103,8 @@ def _mixed() -> InvalidRequestError:
 class Embedding(msgspec.Struct):
     index: int
     embedding: list[float] | str
+    """Floats; base64 of the float32 bytes; or, for a compact `encoding_format`, integers
+    (msgspec allows one list type in a union: a list of ints encodes as it is)."""
     object: Literal["embedding"] = "embedding"
 
 
@@ -101,9 +115,7 @@ class EmbeddingResponse(msgspec.Struct):
     object: Literal["list"] = "list"
 
     @classmethod
-    def from_vectors(
-        cls, vectors: Vectors, model: str, encoding_format: Literal["float", "base64"]
-    ) -> EmbeddingResponse:
+    def from_vectors(cls, vectors: Vectors, model: str, encoding_format: str) -> EmbeddingResponse:
         """float: a list of floats per row; base64: the row's float32 bytes, encoded once."""
         if encoding_format == "base64":
             step = vectors.dims * 4
@@ -113,7 +125,16 @@ class EmbeddingResponse(msgspec.Struct):
                 for i in range(vectors.rows)
             ]
         else:
-            matrix = np.frombuffer(vectors.data, dtype="<f4").reshape(vectors.rows, vectors.dims)
-            data = [Embedding(i, row) for i, row in enumerate(matrix.tolist())]
+            data = [Embedding(i, row) for i, row in enumerate(vectors.matrix().tolist())]
+        tokens = vectors.prompt_tokens
+        return cls(data=data, model=model, usage=InputUsage(tokens, tokens))
+
+    @classmethod
+    def compact(
+        cls, vectors: Vectors, model: str, kind: CompactType, ranges: np.ndarray | None
+    ) -> EmbeddingResponse:
+        """A list of integers per row: int8/uint8 components, or packed bits as bytes."""
+        packed = quantize(vectors.matrix(), kind, ranges)
+        data = [Embedding(i, row) for i, row in enumerate(packed.tolist())]
         tokens = vectors.prompt_tokens
         return cls(data=data, model=model, usage=InputUsage(tokens, tokens))
