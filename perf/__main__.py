@@ -6,7 +6,8 @@ engine, live latency under it), `python -m perf profile ...` (where the time goe
 `python -m perf engine-ops` (the engine's time by operator, and its arithmetic rate),
 `python -m perf weight-quality` (each generation weight tier against float32),
 `python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/),
-`python -m perf soak ...` (hours under mixed load with faults) and
+`python -m perf soak ...` (hours under mixed load with faults),
+`python -m perf slow-clients ...` (idle and slow clients beside live traffic) and
 `python -m perf texts` (the text sets)."""
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def main() -> None:
         from perf.soak import main as soak
 
         soak(sys.argv[2:])
+    elif command == "slow-clients":
+        from perf.slow_clients import main as slow_clients
+
+        slow_clients(sys.argv[2:])
     elif command == "knee":
         from perf.knee import main as knee
 

@@ -145,7 +145,7 @@ def _children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def _usage(pid: int) -> tuple[int, int]:
+def process_usage(pid: int) -> tuple[int, int]:
     """(RSS in KiB, open descriptors) of `pid`; zeros when it is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -224,7 +224,7 @@ async def _sample(cluster: Cluster, sent: list[Sent], now: float) -> dict:
     for s in window:
         statuses[str(s.status)] = statuses.get(str(s.status), 0) + 1
     pids = cluster.pids()
-    usage = {role: _usage(pid) for role, pid in pids.items()}
+    usage = {role: process_usage(pid) for role, pid in pids.items()}
     return {
         "t": now,
         "pids": pids,
