@@ -36,6 +36,7 @@ from .routes import (
     ModelsController,
     NativeController,
     StatusController,
+    TeiController,
 )
 from .status import StatusBoard
 
@@ -114,6 +115,7 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             FilesController,
             BatchesController,
             StatusController,
+            TeiController,
             create_static_files_router(
                 _DOCS_ASSETS, [swagger_ui_assets()], include_in_schema=False
             ),

@@ -141,6 +141,7 @@ GROUPS: tuple[RouteGroup, ...] = (
     RouteGroup("files", prefixes=("/v1/files",), works=False),
     RouteGroup("batches", prefixes=("/v1/batches",), works=False),
     RouteGroup("native", prefixes=("/native/",)),
+    RouteGroup("tei", prefixes=("/tei/",)),  # TEI's routes under a model's base URL
     _one(
         "ner",
         Endpoint(("/v1/ner",), NerRequest, NerResponse, "Named entities (token classification)"),

@@ -8,6 +8,7 @@ from .health import HealthController
 from .models import ModelsController
 from .native import NativeController
 from .status import StatusController
+from .tei import TeiController
 from .work import WORK_ROUTES
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "ModelsController",
     "NativeController",
     "StatusController",
+    "TeiController",
 ]
