@@ -32,7 +32,7 @@ __all__ = ["export_command", "native_ir", "openvino_ir"]
 log = logging.getLogger(__name__)
 
 _EXPORT_TIMEOUT = 3600.0
-_NATIVE_VERSION = "1"  # bump when gguf_weights.py builds a different graph
+_NATIVE_VERSION = "2"  # bump when gguf_weights.py builds a different graph (2: K-quants)
 _MODEL_FILES = ("openvino_model.xml", "openvino_model.bin")
 
 
@@ -105,14 +105,17 @@ def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWei
     target = cache_dir / "openvino" / hashlib.sha256(stamp.encode()).hexdigest()[:20]
     replaced = target / "native_weights.json"
     if is_complete(target):
-        return target, msgspec.json.decode(replaced.read_bytes(), type=NativeWeights)
+        done = msgspec.json.decode(replaced.read_bytes(), type=NativeWeights)
+        return (target, done) if done.replaced else None
     model = ov.Core().read_model(str(full / "openvino_model.xml"))
     done = native_weights(model, file)
-    if not done.replaced:
-        return None
-    log.info("%s: the GGUF's own blocks as weights (%s), once", file.name, done)
     partial = partial_dir(target)
     partial.mkdir()
+    if not done.replaced:  # remembered, so the next load does not read the graph again
+        (partial / replaced.name).write_bytes(msgspec.json.encode(done))
+        publish(partial, target)
+        return None
+    log.info("%s: the GGUF's own blocks as weights (%s), once", file.name, done)
     for item in full.iterdir():  # the tokenizer, config and chat template, as exported
         if item.is_file() and item.name not in _MODEL_FILES and item.name != "agreement.json":
             shutil.copy2(item, partial / item.name)
