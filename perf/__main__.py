@@ -7,7 +7,8 @@ engine, live latency under it), `python -m perf profile ...` (where the time goe
 `python -m perf weight-quality` (each generation weight tier against float32),
 `python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/),
 `python -m perf soak ...` (hours under mixed load with faults),
-`python -m perf slow-clients ...` (idle and slow clients beside live traffic) and
+`python -m perf slow-clients ...` (idle and slow clients beside live traffic),
+`python -m perf compact-recall` (what int8 and binary vectors lose in a search) and
 `python -m perf texts` (the text sets)."""
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def main() -> None:
         from perf.soak import main as soak
 
         soak(sys.argv[2:])
+    elif command == "compact-recall":
+        from perf.compact_recall import main as compact_recall
+
+        compact_recall(sys.argv[2:])
     elif command == "slow-clients":
         from perf.slow_clients import main as slow_clients
 

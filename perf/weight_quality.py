@@ -1,6 +1,7 @@
 """How close each generation weight tier answers to the float32 model of the same checkpoint.
 
     .venv/bin/python -m perf weight-quality [--tokens 20000] [--tiers native,native-dq32,...]
+        [--gguf FILE.gguf]   # another GGUF of the same model (a Q4_K_M, say): its blocks
 
 The load-time guard (shoal/workers/generation/weight_guard.py) reads ~190 answer positions;
 this reads >= `--tokens` positions the same way, teacher-forced, the way llama.cpp's
@@ -88,12 +89,14 @@ def run(args: argparse.Namespace) -> dict:
 
     settings = load_settings(None)
     spec = ModelRegistry.from_files().resolve(GEN_MODEL)
-    path = materialize_gguf(spec.source, settings.cache_path)
+    source = f"gguf:{Path(args.gguf).resolve()}" if args.gguf else spec.source
+    path = materialize_gguf(source, settings.cache_path)
     command = export_command(settings.generator)
     full = openvino_ir(path, settings.cache_path, command)
-    built = native_ir(spec.source, full, settings.cache_path)
-    assert built is not None, "the built-in model's GGUF holds no blocks to serve"
+    built = native_ir(source, full, settings.cache_path)
+    assert built is not None, f"{source} holds no blocks to serve"
     native = built[0]
+    print(f"native blocks of {source}: {built[1]}", flush=True)
     threads = {"INFERENCE_NUM_THREADS": args.threads}
     bf16 = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f32"}
     configs = {
@@ -161,6 +164,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m perf weight-quality")
     parser.add_argument("--tokens", type=int, default=20000)
     parser.add_argument("--tiers", default=TIERS)
+    parser.add_argument("--gguf", default=None, help="a GGUF file instead of the built-in one")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
