@@ -8,6 +8,7 @@ a compressed weight. The formulas are llama.cpp's (ggml-quants), per block:
 - Q4_1: 32 weights, w = d * q + m: zero = -m / d, kept in float32, never rounded onto an
   integer zero point (as int4 tools do);
 - Q8_0: 32 weights, w = d * q, q signed;
+- Q5_0 / Q5_1: as Q4_0 / Q4_1 with a fifth bit per weight (w = d * (q - 16); w = d * q + m);
 - Q4_K and Q5_K: a super-block of 256 with an f16 scale d and minimum dmin, and 6-bit
   scale and minimum per group of 32: w = (d * sc) * q - (dmin * m), q 4 or 5 bits. d * sc
   (11 bits times 6) is exact in float32, so each group keeps its exact scale, and
@@ -15,7 +16,7 @@ a compressed weight. The formulas are llama.cpp's (ggml-quants), per block:
 - Q6_K: a super-block of 256 with an f16 d and a signed 8-bit scale per group of 16:
   w = (d * sc) * (q - 32), q 6 bits, stored here as the signed code q - 32.
 
-Where a code has more bits than OpenVINO's u4 holds (Q5_K's 5, Q6_K's 6), it is stored in
+Where a code has more bits than OpenVINO's u4 holds (Q5_x's 5, Q6_K's 6), it is stored in
 8 bits: wider than the file, still its own codes on its own grid, never float. The
 6-bit scales are unpacked with gguf-py's own `Q4_K.get_scale_min`.
 """
@@ -26,7 +27,7 @@ import numpy as np
 
 __all__ = ["BLOCK_TYPES", "FOUR_BIT_TYPES", "SIGNED_TYPES", "blocks"]
 
-BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 FOUR_BIT_TYPES = {"Q4_0", "Q4_1", "Q4_K"}  # codes fit OpenVINO's u4
 SIGNED_TYPES = {"Q8_0", "Q6_K"}  # codes are i8 and there is no zero point
 _SUPER = 256  # weights per K-quant super-block
@@ -48,9 +49,16 @@ def blocks(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
     scale = _f16(per_row[..., 0:2])
     if kind == "Q8_0":
         return per_row[..., 2:].copy().view(np.int8), scale, np.zeros_like(scale)
-    codes = _nibbles(per_row[..., 4:] if kind == "Q4_1" else per_row[..., 2:])
-    if kind == "Q4_0":
-        return codes, scale, np.full((1, 1, 1), 8.0, dtype=np.float32)
+    start = 4 if kind in ("Q4_1", "Q5_1") else 2  # past d (and m)
+    if kind in ("Q5_0", "Q5_1"):  # 4 bytes, little-endian: bit j is weight j's fifth bit
+        high = per_row[..., start : start + 4].copy().view("<u4")
+        fifth = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+        codes = _nibbles(per_row[..., start + 4 :]) | (fifth << 4)
+    else:
+        codes = _nibbles(per_row[..., start:])
+    if kind in ("Q4_0", "Q5_0"):
+        middle = 8.0 if kind == "Q4_0" else 16.0
+        return codes, scale, np.full((1, 1, 1), middle, dtype=np.float32)
     return codes, scale, _zero(-_f16(per_row[..., 2:4]), scale)
 
 
@@ -59,7 +67,7 @@ def _f16(two_bytes: np.ndarray) -> np.ndarray:
 
 
 def _nibbles(packed: np.ndarray) -> np.ndarray:
-    """Q4_0/Q4_1: byte j of a block holds weight j in its low nibble, j + 16 in its high."""
+    """Q4_x/Q5_x: byte j of a block holds weight j in its low nibble, j + 16 in its high."""
     return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
 
 

@@ -9,10 +9,10 @@ minimum) per block of 32, decompressed inside the matmul. OpenVINO's CPU plugin 
 the Convert, Subtract, Multiply chain into its FullyConnected (and Gather) kernels, so a
 step reads the 4-bit codes, not a widened copy.
 
-Each block type (`gguf_blocks`: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) is, per group of
-weights, its integer codes, a scale and a float zero point, exactly the file's values.
-Other tensor types (Q5_0, Q5_1, Q2_K, Q3_K, the i-quants; F16, F32) keep the exported
-float32 constant.
+Each block type (`gguf_blocks`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) is, per
+group of weights, its integer codes, a scale and a float zero point, exactly the file's
+values. Other tensor types (Q2_K, Q3_K, the i-quants; F16, F32) keep the exported float32
+constant.
 
 Every replaced weight is checked against the exported constant (gguf-py's dequantizing
 of the same bytes): where they differ by more than float32 rounding (a layout this
@@ -75,7 +75,7 @@ def native_weights(model, gguf_path: Path) -> NativeWeights:
             continue
         kind = tensor.tensor_type.name
         if kind not in BLOCK_TYPES:
-            if kind not in _FLOAT_TYPES:  # Q5_0, Q2_K, i-quants...: not expressed here yet
+            if kind not in _FLOAT_TYPES:  # Q2_K, Q3_K, i-quants: not expressed here yet
                 done.kept[hf_name] = f"{kind} blocks are not served as blocks yet"
             continue
         exported = const.get_data()
@@ -153,7 +153,7 @@ def _decompressed(
         tensor = ov.Tensor(ov.Type.u4, ov.Shape(list(grouped)))
         tensor.data[:] = (codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(-1)
         weight = ops.constant(tensor)
-    else:  # 8-bit codes: Q8_0 and Q6_K signed, Q5_K's 5 bits in a u8
+    else:  # 8-bit codes: Q8_0 and Q6_K signed, the 5-bit types' codes in a u8
         code_type = ov.Type.i8 if kind in SIGNED_TYPES else ov.Type.u8
         weight = ops.constant(np.ascontiguousarray(codes), code_type)
     weight.set_friendly_name(name)

@@ -32,7 +32,7 @@ __all__ = ["export_command", "native_ir", "openvino_ir"]
 log = logging.getLogger(__name__)
 
 _EXPORT_TIMEOUT = 3600.0
-_NATIVE_VERSION = "2"  # bump when gguf_weights.py builds a different graph (2: K-quants)
+_NATIVE_VERSION = "2"  # bump when gguf_weights.py builds a different graph (2: K-quants and Q5_x)
 _MODEL_FILES = ("openvino_model.xml", "openvino_model.bin")
 
 

@@ -33,14 +33,16 @@ WEIGHTS = {
     "blk.0.ffn_down": (Q.Q8_0, 64, "model.layers.0.mlp.down_proj"),
     "blk.0.ffn_up": (Q.Q4_1, 96, "model.layers.0.mlp.up_proj"),
     "token_embd": (Q.Q6_K, VOCAB, "model.embed_tokens"),  # as Q4_K_M files store it
-    "blk.0.ffn_gate": (Q.Q5_1, 96, "model.layers.0.mlp.gate_proj"),  # not expressed here
+    "blk.0.ffn_gate": (Q.Q5_0, 96, "model.layers.0.mlp.gate_proj"),
+    "blk.1.ffn_up": (Q.Q5_1, 32, "model.layers.1.mlp.up_proj"),
+    "output": (Q.Q3_K, VOCAB, "lm_head"),  # not expressed here
 }
 MISMATCHED = "model.layers.0.mlp.up_proj"
 
 
 # Where each f16 super-block scale sits in a K-quant block (gguf-py cannot quantize to
 # K-quants, so their blocks are random codes and 6/8-bit scales under a sane f16 scale).
-K_SCALE_BYTES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+K_SCALE_BYTES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q3_K: (108,)}
 
 
 def _random_k_blocks(rng, kind, rows: int) -> np.ndarray:
@@ -49,7 +51,7 @@ def _random_k_blocks(rng, kind, rows: int) -> np.ndarray:
     for at in K_SCALE_BYTES[kind]:
         scale = rng.uniform(1e-3, 1e-2, (rows, HIDDEN // 256)).astype(np.float16)
         raw[..., at : at + 2] = scale[..., None].view(np.uint8).reshape(rows, -1, 2)
-    if kind != Q.Q6_K:  # no 6-bit group scale of 0: llama.cpp writes one only for a group
+    if kind in (Q.Q4_K, Q.Q5_K):  # no 6-bit group scale of 0: llama.cpp writes one only for a group
         raw[..., 4:16] |= 1  # of equal weights, which (q - z) * 0 cannot express (kept f32)
     return raw.reshape(rows, -1)
 
@@ -67,7 +69,7 @@ def checkpoint(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     rng = np.random.default_rng(7)
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(1)
+    writer.add_block_count(2)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
     exported = {}
@@ -117,10 +119,12 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
     model = _graph(exported)
     done = native_weights(model, path)
 
-    assert done.replaced == {"Q4_1": 1, "Q4_0": 1, "Q8_0": 1, "Q4_K": 1, "Q5_K": 1, "Q6_K": 1}
+    assert done.replaced == {
+        "Q4_1": 1, "Q4_0": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q4_K": 1, "Q5_K": 1, "Q6_K": 1,
+    }  # fmt: skip
     assert done.kept == {
         MISMATCHED: "Q4_1 blocks do not match the exported weights",
-        "model.layers.0.mlp.gate_proj": "Q5_1 blocks are not served as blocks yet",
+        "lm_head": "Q3_K blocks are not served as blocks yet",
     }
 
     rng = np.random.default_rng(1)
@@ -144,9 +148,9 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
                 op.input(1 if kind == "FullyConnected" else 0).get_element_type().get_type_name(),
             ] += 1
     assert weights["FullyConnected", "u4"] == 3  # Q4_1, Q4_0 and Q4_K
-    assert weights["FullyConnected", "u8"] == 1  # Q5_K's 5-bit codes
+    assert weights["FullyConnected", "u8"] == 3  # the 5-bit codes of Q5_0, Q5_1 and Q5_K
     assert weights["FullyConnected", "i8"] == 1  # Q8_0
-    assert weights["FullyConnected", "f32"] == 2  # the mismatched and the Q5_1 one, kept
+    assert weights["FullyConnected", "f32"] == 2  # the mismatched and the Q3_K one, kept
     assert weights["Gather", "i8"] == 1  # the embedding, Q6_K's signed 6-bit codes
 
 
