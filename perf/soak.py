@@ -353,15 +353,17 @@ def verdict(report: dict) -> list[str]:
             misses.append(f"{fault['fault']}: recovery {fault['recovery_s']}")
     samples = report["samples"]
     if report["minutes"] >= 20:
-        last = samples[-1]
-        for role, rss in last["rss_kib"].items():
-            # The same process only (a fault restarts some), after its first 10 minutes:
-            # a generation host's paged KV cache fills for minutes after its start.
-            same = [s for s in samples if s["pids"].get(role) == last["pids"][role]]
-            start = same[0]["t"] + 600
-            base = next((s["rss_kib"][role] for s in same if s["t"] >= start), 0)
-            if base and rss > 1.05 * base:
-                misses.append(f"{role} RSS grew {rss / base - 1:.1%} (from {start:.0f} s)")
+        # Each life of each process (a fault restarts some), after its first 10 minutes:
+        # a generation host's paged KV cache fills for minutes after its start.
+        lives: dict[tuple[str, int], list[tuple[float, int]]] = {}
+        for sample in samples:
+            for role, pid in sample["pids"].items():
+                if role in sample["rss_kib"]:
+                    lives.setdefault((role, pid), []).append((sample["t"], sample["rss_kib"][role]))
+        for (role, _), points in lives.items():
+            judged = [rss for t, rss in points if t >= points[0][0] + 600 and rss]
+            if judged and judged[-1] > 1.05 * judged[0]:
+                misses.append(f"{role} RSS grew {judged[-1] / judged[0] - 1:.1%}")
     if report["minutes"] >= 30:
         for route in SHARES:
             first = [s["routes"][route]["p99"] for s in samples if 60 <= s["t"] < 660]
