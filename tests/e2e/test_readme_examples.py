@@ -87,7 +87,11 @@ def test_the_example_runs(block: Block, stack: str, workdir: Path) -> None:
     import os
 
     if block.kind == "python":
-        out = _run([sys.executable, "-c", _local(_setup(block) + block.code, stack)], workdir)
+        # As a user runs them: HF_HUB_OFFLINE (the suite's) would make huggingface_hub's
+        # InferenceClient refuse even a local server's URL.
+        user = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+        code = _local(_setup(block) + block.code, stack)
+        out = _run([sys.executable, "-c", code], workdir, user)
         # `print(x)  # 2 384`: the comment is what it prints.
         for shown in re.findall(r"^\s*print\(.*\)\s+#\s*(.+)$", block.code, re.M):
             assert shown.strip() in out, f"printed {out!r}, the page says {shown!r}"

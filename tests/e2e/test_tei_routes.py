@@ -18,13 +18,22 @@ pytestmark = pytest.mark.slow
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Shoal serves fleets of small models."]
 
 
+@pytest.fixture
+def online(monkeypatch) -> None:
+    """The suite runs with HF_HUB_OFFLINE=1, which makes `InferenceClient` refuse every
+    HTTP call, to a local server too; the server here is local, not the hub."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
 @pytest.fixture(scope="module")
 def http(stack: str):
     with httpx.Client(base_url=stack, timeout=120) as client:
         yield client
 
 
-def test_inference_client_feature_extraction_and_similarity(stack: str, st_model) -> None:
+def test_inference_client_feature_extraction_and_similarity(stack: str, st_model, online) -> None:
     client = InferenceClient(base_url=f"{stack}/tei/{MODEL}")
     got = client.feature_extraction(TEXTS[0])
     np.testing.assert_allclose(got.reshape(-1), st_model.encode(TEXTS[0]), atol=2e-5)
@@ -35,7 +44,7 @@ def test_inference_client_feature_extraction_and_similarity(stack: str, st_model
     np.testing.assert_allclose(similarity, want, atol=2e-5)
 
 
-def test_inference_client_text_classification(stack: str, http) -> None:
+def test_inference_client_text_classification(stack: str, http, online) -> None:
     client = InferenceClient(base_url=f"{stack}/tei/test-classifier")
     got = client.text_classification("What a lovely day.")
     ours = http.post(
