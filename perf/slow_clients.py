@@ -248,7 +248,7 @@ def _report(args, phases, live, samples, found: Offenders) -> dict:
     closed = sorted(found.idle_closed)
     return {
         "machine": machine(),
-        "args": vars(args),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "phases": table,
         "p99_ratio_offenders_vs_calm": ratios,
         "idle": {
@@ -319,7 +319,6 @@ def main(argv: list[str]) -> None:
             cluster.stop()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
-    report["args"]["out"] = str(args.out)
     (args.out / f"slow-clients-{stamp}.json").write_text(json.dumps(report, indent=1))
     (args.out / f"slow-clients-{stamp}.md").write_text(_markdown(report))
     print(_markdown(report))
