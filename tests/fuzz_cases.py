@@ -46,6 +46,7 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 # workers would never see a fuzzed input.
 MODEL_BY_PATH = {
     "/v1/embeddings": MODEL,
+    "/v2/embed": MODEL,
     "/native/v1/embed": MODEL,
     "/v1/multivector": MODEL,
     "/native/v1/multivector": MODEL,

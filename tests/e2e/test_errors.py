@@ -96,7 +96,7 @@ def test_unknown_route_and_wrong_method(http) -> None:
         msgspec.msgpack.encode({"model": "all-MiniLM-L6-v2"}),
         msgspec.msgpack.encode({"model": "all-MiniLM-L6-v2", "inputs": "not a list"}),
         msgspec.msgpack.encode({"model": "all-MiniLM-L6-v2", "inputs": [1, 2]}),
-        msgspec.msgpack.encode({"model": "all-MiniLM-L6-v2", "inputs": ["a"], "dtype": "int8"}),
+        msgspec.msgpack.encode({"model": "all-MiniLM-L6-v2", "inputs": ["a"], "dtype": "float64"}),
         msgspec.msgpack.encode({"model": "all-MiniLM-L6-v2", "inputs": []}),
         msgspec.msgpack.encode([1, 2, 3]),
     ],

@@ -52,6 +52,7 @@ OPERATIONS = [
     ("POST", "/v1/completions"),
     ("POST", "/v1/responses"),
     ("POST", "/v1/embeddings"),
+    ("POST", "/v2/embed"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),
     ("POST", "/v1/ner"),
@@ -87,6 +88,13 @@ OPERATIONS = [
     ("GET", "/v1/batches"),
     ("POST", "/v1/batches"),
     ("GET", "/v1/batches/{batch_id}"),
+    ("POST", "/tei/{model}"),
+    ("POST", "/tei/{model}/embed"),
+    ("POST", "/tei/{model}/similarity"),
+    ("POST", "/tei/{model}/embed_sparse"),
+    ("POST", "/tei/{model}/predict"),
+    ("POST", "/tei/{model}/rerank"),
+    ("GET", "/tei/{model}/info"),
 ]
 
 
@@ -219,7 +227,12 @@ def _steer(case: Any, data: st.DataObject, world: FuzzWorld) -> None:
         _bound_generation(body)
     # Deletes keep their fuzzed ids: the fuzz must not remove what other tests use.
     if case.path_parameters and method != "DELETE" and data.draw(st.booleans(), label="real"):
-        real = {"model_id": MODEL, "file_id": world.file_id, "batch_id": world.batch_id}
+        real = {
+            "model_id": MODEL,
+            "model": MODEL,
+            "file_id": world.file_id,
+            "batch_id": world.batch_id,
+        }
         for name in case.path_parameters:
             if name in real:
                 case.path_parameters[name] = real[name]
@@ -232,11 +245,26 @@ def _steer(case: Any, data: st.DataObject, world: FuzzWorld) -> None:
 KNOWN_BUGS: tuple[Callable[[Any], bool], ...] = ()
 
 
+def _tei_error(response: Any, where: str) -> dict:
+    """TEI's error body, `{"error": str, "error_type": str}` (a TEI route's own errors)."""
+    body = json.loads(response.content)
+    assert set(body) == {"error", "error_type"}, where + response.text[:2000]
+    assert isinstance(body["error"], str) and body["error"], where
+    return body
+
+
 def _check(case: Any, response: Any, world: FuzzWorld) -> None:
     status = response.status_code
     world.requests += 1
     world.by_status[status] = world.by_status.get(status, 0) + 1
     where = f"{case.operation.label} -> {status}\n{case.as_curl_command()}\n"
+    # TEI's routes answer in TEI's shape; what the middleware refuses first (a key, a
+    # browser, a media type) stays OpenAI's.
+    tei = case.operation.path.startswith("/tei/") and status >= 400
+    if tei and "error_type" in json.loads(response.content):
+        error = _tei_error(response, where)
+        assert status < 500 or error["error_type"] == "Overloaded", where
+        return
     if status >= 500:
         # The one 5xx that is not a crash: a model with no live worker (503 no_worker, with
         # Retry-After), e.g. one the fuzz registered through the admin API.
