@@ -64,5 +64,4 @@ async def _embed(spec: ModelSpec, adapter: str, run: Run) -> np.ndarray:
         model=spec.id,
         shoal=ShoalOptions(adapter=adapter) if adapter else None,
     )
-    vectors = join_vectors(await run(request))
-    return np.frombuffer(vectors.data, dtype="<f4").reshape(vectors.rows, vectors.dims)
+    return join_vectors(await run(request)).matrix()

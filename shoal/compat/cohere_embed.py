@@ -25,7 +25,7 @@ from ..model_registry import ModelSpec
 from ..queue.messages import EmbedJob, EmbedResult
 from ..queue.subjects import Task
 from ._constraints import ModelName
-from .compact import needs_ranges, quantize
+from .compact import quantize, ranges_dims
 from .embed import EmbedOptions, build_embed_jobs, join_vectors
 from .errors import InvalidRequestError
 from .extensions import ShoalOptions
@@ -108,7 +108,7 @@ class CohereEmbedRequest(msgspec.Struct, kw_only=True):
         return build_embed_jobs(env, spec, options, limits, texts=self.input_texts())
 
     def ranges_dims(self, spec: ModelSpec) -> int | None:
-        return (self.output_dimension or spec.dims) if needs_ranges(self.types()) else None
+        return ranges_dims(self.types(), self.output_dimension, spec.dims)
 
     def respond(
         self, results: Sequence[EmbedResult], model: str, ranges: np.ndarray | None = None

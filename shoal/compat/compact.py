@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -26,20 +26,32 @@ __all__ = [
     "COMPACT_TYPES",
     "CompactType",
     "calibration_texts",
-    "needs_ranges",
     "quantize",
+    "ranges_dims",
     "ranges_of",
+    "unit_rows",
 ]
 
 CompactType = Literal["int8", "uint8", "binary", "ubinary"]
-COMPACT_TYPES: tuple[str, ...] = ("int8", "uint8", "binary", "ubinary")
+COMPACT_TYPES: tuple[str, ...] = get_args(CompactType)
 CALIBRATION_TEXTS = 512
 
 
-def needs_ranges(types: list[str] | tuple[str, ...] | str) -> bool:
+def _needs_ranges(types: list[str] | tuple[str, ...] | str) -> bool:
     """Whether any of `types` buckets by the model's calibration range."""
     types = [types] if isinstance(types, str) else types
     return any(t in ("int8", "uint8") for t in types)
+
+
+def ranges_dims(types: list[str] | str, dimensions: int | None, spec_dims: int) -> int | None:
+    """The dimension count whose calibration range an answer of `types` needs (the
+    request's `dimensions`, else the model's), or None when none of them buckets."""
+    return (dimensions or spec_dims) if _needs_ranges(types) else None
+
+
+def unit_rows(rows: np.ndarray) -> np.ndarray:
+    """`rows` scaled to length 1 (a zero row stays zero)."""
+    return rows / np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-12)
 
 
 def quantize(vectors: np.ndarray, kind: CompactType, ranges: np.ndarray | None) -> np.ndarray:
@@ -62,7 +74,7 @@ def ranges_of(calibration: np.ndarray, dims: int, normalize: bool) -> np.ndarray
     components, re-normalized where the model normalizes (as the worker cuts them)."""
     cut = calibration[:, :dims]
     if normalize and dims < calibration.shape[1]:
-        cut = cut / np.maximum(np.linalg.norm(cut, axis=-1, keepdims=True), 1e-12)
+        cut = unit_rows(cut)
     return np.vstack((cut.min(axis=0), cut.max(axis=0))).astype(np.float32)
 
 

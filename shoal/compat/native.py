@@ -21,7 +21,7 @@ from ..model_registry import ModelSpec
 from ..queue.messages import EmbedJob, EmbedResult
 from ..queue.subjects import Task
 from ._constraints import ModelName
-from .compact import COMPACT_TYPES, CompactType, needs_ranges, quantize
+from .compact import COMPACT_TYPES, CompactType, quantize, ranges_dims
 from .embed import EmbedOptions, Vectors, build_embed_jobs, join_vectors
 from .errors import InvalidRequestError
 from .extensions import ShoalOptions
@@ -61,7 +61,7 @@ class NativeEmbedRequest(msgspec.Struct, kw_only=True):
         return build_embed_jobs(env, spec, self.options(), limits, texts=self.texts())
 
     def ranges_dims(self, spec: ModelSpec) -> int | None:
-        return (self.dimensions or spec.dims) if needs_ranges(self.dtype) else None
+        return ranges_dims(self.dtype, self.dimensions, spec.dims)
 
     def respond(
         self, results: Sequence[EmbedResult], model: str, ranges: np.ndarray | None = None

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..model_registry import ModelSpec
 from .classify import ClassifyRequest, ClassifyResponse
+from .compact import unit_rows
 from .errors import InvalidRequestError, ShoalError
 from .openai import EmbeddingRequest, EmbeddingResponse
 from .rerank import RerankRequest, RerankResponse
@@ -36,10 +37,6 @@ __all__ = [
 ]
 
 Direction = Literal["Left", "Right", "left", "right"]
-
-
-def _texts(inputs: str | list[str]) -> list[str]:
-    return [inputs] if isinstance(inputs, str) else inputs
 
 
 def _right_only(direction: Direction) -> None:
@@ -75,7 +72,7 @@ class TeiEmbed(msgspec.Struct, kw_only=True):
                 param="normalize",
             )
         return EmbeddingRequest(
-            input=_texts(self.inputs),
+            input=self.inputs,
             model=spec.id,
             dimensions=self.dimensions,
             truncate=self.truncate,
@@ -83,9 +80,8 @@ class TeiEmbed(msgspec.Struct, kw_only=True):
 
     def answer(self, response: EmbeddingResponse) -> list[list[float]]:
         rows = np.array([d.embedding for d in response.data], dtype=np.float32)
-        if self.normalize:  # a no-op (to float rounding) where the model normalizes
-            rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        return rows.tolist()
+        # A no-op (to float rounding) where the model normalizes.
+        return (unit_rows(rows) if self.normalize else rows).tolist()
 
 
 class TeiSimilarityInputs(msgspec.Struct):
@@ -105,8 +101,7 @@ class TeiSimilarity(msgspec.Struct, kw_only=True):
         return EmbeddingRequest(input=texts, model=spec.id, truncate=self.truncate)
 
     def answer(self, response: EmbeddingResponse) -> list[float]:
-        rows = np.array([d.embedding for d in response.data], dtype=np.float32)
-        rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        rows = unit_rows(np.array([d.embedding for d in response.data], dtype=np.float32))
         return (rows[1:] @ rows[0]).tolist()
 
 
@@ -119,7 +114,7 @@ class TeiSparse(msgspec.Struct, kw_only=True):
 
     def as_request(self, spec: ModelSpec) -> SparseRequest:
         _right_only(self.truncation_direction)
-        return SparseRequest(model=spec.id, input=_texts(self.inputs), truncate=self.truncate)
+        return SparseRequest(model=spec.id, input=self.inputs, truncate=self.truncate)
 
     def answer(self, response: SparseResponse) -> list[list[dict]]:
         return [
@@ -154,7 +149,7 @@ class TeiPredict(msgspec.Struct, kw_only=True):
             )
         top_k = self.parameters.top_k if self.parameters else None
         return ClassifyRequest(
-            model=spec.id, input=_texts(self.inputs), top_k=top_k, truncate=self.truncate
+            model=spec.id, input=self.inputs, top_k=top_k, truncate=self.truncate
         )
 
     def answer(self, response: ClassifyResponse) -> list:

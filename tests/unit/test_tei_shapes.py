@@ -21,8 +21,8 @@ UNNORMALIZED = ModelSpec(
 
 def test_embed_maps_to_an_embeddings_request_and_refuses_what_it_cannot_serve() -> None:
     request = msgspec.convert({"inputs": "hi", "dimensions": 2}, TeiEmbed).as_request(SPEC)
-    assert (request.input, request.model, request.dimensions, request.truncate) == (
-        ["hi"], "m", 2, True,
+    assert (request.inputs(), request.model, request.dimensions, request.truncate) == (
+        (["hi"], []), "m", 2, True,
     )  # fmt: skip
     refused = {
         "truncation_direction": {"inputs": "a", "truncation_direction": "Left"},

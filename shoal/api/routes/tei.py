@@ -55,6 +55,11 @@ def _json(content: Any, status: int = 200, headers: dict | None = None) -> Respo
     )
 
 
+def _error(exc: ShoalError) -> Response[bytes]:
+    status, error = error_body(exc)
+    return _json(error, status)
+
+
 def _invalid(message: str) -> Response[bytes]:
     return _json({"error": message, "error_type": "Validation"}, 422)
 
@@ -66,8 +71,7 @@ async def _run(gateway: Gateway, model: str, kind: type[TeiBody], raw: bytes) ->
         answered = await answer(gateway, body.as_request(target.spec))
         return _json(body.answer(answered.body), headers=answered.headers)  # type: ignore[arg-type]
     except ShoalError as exc:
-        status, error = error_body(exc)
-        return _json(error, status)
+        return _error(exc)
     except msgspec.DecodeError as exc:  # ValidationError included
         return _invalid(f"Invalid request body: {exc}")
 
@@ -86,8 +90,7 @@ class TeiController(Controller):
             tasks = gateway.resolve(model, op=None).spec.tasks
             inputs = msgspec.json.decode(raw).get("inputs")
         except ShoalError as exc:
-            status, error = error_body(exc)
-            return _json(error, status)
+            return _error(exc)
         except (msgspec.DecodeError, AttributeError):
             return _invalid("the body must be a JSON object with 'inputs'")
         if "embed" in tasks:
@@ -129,6 +132,5 @@ class TeiController(Controller):
         try:
             spec = gateway.resolve(model, op=None).spec
         except ShoalError as exc:
-            status, error = error_body(exc)
-            return _json(error, status)
+            return _error(exc)
         return _json(info(spec, gateway.settings.gateway.max_inputs, __version__))

@@ -30,7 +30,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from shoal.workers.generation.gguf_blocks import BLOCK_TYPES, FOUR_BIT_TYPES, SIGNED_TYPES, blocks
+from .gguf_blocks import BLOCK_TYPES, FOUR_BIT_TYPES, SIGNED_TYPES, blocks
 
 __all__ = ["NativeWeights", "native_weights"]
 

@@ -111,8 +111,8 @@ def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWei
     done = native_weights(model, file)
     partial = partial_dir(target)
     partial.mkdir()
+    (partial / replaced.name).write_bytes(msgspec.json.encode(done))
     if not done.replaced:  # remembered, so the next load does not read the graph again
-        (partial / replaced.name).write_bytes(msgspec.json.encode(done))
         publish(partial, target)
         return None
     log.info("%s: the GGUF's own blocks as weights (%s), once", file.name, done)
@@ -120,5 +120,4 @@ def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWei
         if item.is_file() and item.name not in _MODEL_FILES and item.name != "agreement.json":
             shutil.copy2(item, partial / item.name)
     ov.save_model(model, str(partial / "openvino_model.xml"), compress_to_fp16=False)
-    (partial / replaced.name).write_bytes(msgspec.json.encode(done))
     return publish(partial, target), done
