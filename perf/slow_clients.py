@@ -26,6 +26,7 @@ import json
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from perf.soak import Cluster, process_usage  # noqa: E402
 from shoal.tune.knee import quantile  # noqa: E402
 from shoal.tune.machine import machine  # noqa: E402
-from tests.helpers import GEN_MODEL, MODEL  # noqa: E402
+from tests.helpers import GEN_MODEL, MODEL, raw_status  # noqa: E402
 
 READ_LIMIT_S = 120.0
 """A slow reader stops reading after this (it has shown what the gateway does by then)."""
@@ -101,7 +102,7 @@ async def _slow_reader(host: str, port: int, tokens: int, found: Offenders) -> N
         pass
     finally:
         writer.close()
-    status = got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/1.1 ") else "none"
+    status = str(raw_status(got) or "none")
     found.reader_outcomes.append(
         {"status": status, "closed_after_s": round(time.monotonic() - began, 1)}
     )
@@ -126,7 +127,7 @@ async def _trickle(host: str, port: int, found: Offenders) -> None:
         pass
     finally:
         writer.close()
-    status = answer.split(b" ", 2)[1].decode() if answer.startswith(b"HTTP/1.1 ") else "cut"
+    status = str(raw_status(answer) or "cut")
     found.trickle_outcomes.append({"status": status, "after_s": round(time.monotonic() - began, 1)})
 
 
@@ -240,10 +241,7 @@ def _report(args, phases, live, samples, found: Offenders) -> dict:
     }
 
     def counts(rows: list[dict]) -> dict:
-        out: dict[str, int] = {}
-        for r in rows:
-            out[r["status"]] = out.get(r["status"], 0) + 1
-        return out
+        return dict(Counter(r["status"] for r in rows))
 
     closed = sorted(found.idle_closed)
     return {

@@ -16,7 +16,7 @@ import httpx
 import msgspec
 import schemathesis
 
-from tests.helpers import GEN_MODEL, MODEL
+from tests.helpers import GEN_MODEL, MODEL, raw_status
 
 __all__ = [
     "BUGS",
@@ -184,13 +184,6 @@ def _complete(data: bytes) -> bool:
         if name.strip().lower() == b"content-length":
             return len(body) >= int(value)
     return False
-
-
-def raw_status(data: bytes | None) -> int | None:
-    """The status code of a raw HTTP/1.1 response, None if there is none."""
-    if not data or not data.startswith(b"HTTP/1.1 "):
-        return None
-    return int(data.split(b" ", 2)[1])
 
 
 def raw_body(data: bytes) -> bytes:

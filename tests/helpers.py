@@ -307,6 +307,13 @@ def model_ready(base: str, model: str) -> bool:
     return any(m["id"] == model and m["ready"] for m in models)
 
 
+def raw_status(data: bytes | None) -> int | None:
+    """The status code of a raw HTTP/1.1 response, None if there is none."""
+    if not data or not data.startswith(b"HTTP/1.1 "):
+        return None
+    return int(data.split(b" ", 2)[1])
+
+
 def rounded(value, places: int = 4):
     """`value` with every float rounded: scores may differ in the last bits between batches."""
     if isinstance(value, float):

@@ -17,7 +17,7 @@ from litestar.response import Stream
 
 from shoal.api.connections import guarded_protocol
 from shoal.config import GatewaySettings
-from tests.helpers import app_in_thread
+from tests.helpers import app_in_thread, raw_status
 
 HEAD_S, BODY_S, MIN_RATE, WRITE_S = 1.0, 1.0, 1000, 1.0
 STREAMED = {"chunks": 0, "ended": False}
@@ -83,12 +83,8 @@ def _post(body: bytes) -> bytes:
     return head.encode() + body
 
 
-def _status(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1])
-
-
 def _timed_out(answer: bytes) -> None:
-    assert _status(answer) == 408, answer
+    assert raw_status(answer) == 408, answer
     error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
     assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
 
@@ -142,7 +138,7 @@ def test_a_large_body_on_a_slow_but_steady_link_passes(port: int) -> None:
         time.sleep(0.1)
     answer = conn.recv(65536)
     assert time.monotonic() - started > BODY_S
-    assert _status(answer) == 200 and b'{"bytes":60000}' in answer, answer
+    assert raw_status(answer) == 200 and b'{"bytes":60000}' in answer, answer
     conn.close()
 
 
