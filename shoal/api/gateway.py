@@ -43,6 +43,7 @@ from ..queue.dead_letters import DeadLetters
 from ..queue.messages import Result
 from ..queue.objects import open_object_store
 from ..queue.payloads import PayloadStore
+from ..queue.subjects import EVERY_MODEL
 from .admission import caller_may_use, current_principal, meter_usage
 from .batch_store import BatchStore
 from .calibration import Calibrations
@@ -179,7 +180,7 @@ class Gateway:
                     param="shoal.adapter",
                 )
             adapter = shoal.adapter
-        if op is not None and op not in spec.tasks:
+        if op is not None and op not in spec.tasks and op not in EVERY_MODEL:
             raise InvalidRequestError(
                 f"model '{spec.id}' does not serve {op}; it serves {', '.join(spec.tasks)}",
                 param="model",

@@ -14,7 +14,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from .. import telemetry
 from ..queue.depth import QueueDepth, QueueDepths
-from ..queue.messages import WorkerHeartbeat
+from ..queue.heartbeat import WorkerHeartbeat
 from ..queue.subjects import Subjects
 from .admission import Admission
 from .gateway import Gateway

@@ -8,7 +8,7 @@ import msgspec
 
 from ..model_registry import AdapterSpec, ModelSpec
 from ..queue.dead_letters import DeadLetter
-from ..queue.messages import WorkerHeartbeat
+from ..queue.heartbeat import WorkerHeartbeat
 
 __all__ = [
     "AdapterRegistration",

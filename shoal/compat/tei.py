@@ -21,17 +21,21 @@ from ..model_registry import ModelSpec
 from .classify import ClassifyRequest, ClassifyResponse
 from .compact import unit_rows
 from .errors import InvalidRequestError, ShoalError
+from .jobs import texts_of
 from .openai import EmbeddingRequest, EmbeddingResponse
 from .rerank import RerankRequest, RerankResponse
 from .sparse import SparseRequest, SparseResponse
+from .tokenize import Decoded, DecodeRequest, TextsTokenizeRequest, Tokens
 
 __all__ = [
+    "TeiDecode",
     "TeiEmbed",
     "TeiError",
     "TeiPredict",
     "TeiRerank",
     "TeiSimilarity",
     "TeiSparse",
+    "TeiTokenize",
     "error_body",
     "info",
 ]
@@ -44,6 +48,14 @@ def _right_only(direction: Direction) -> None:
         raise InvalidRequestError(
             "truncation_direction 'Left' is not supported: inputs are cut at the end",
             param="truncation_direction",
+        )
+
+
+def _no_prompts(spec: ModelSpec, prompt_name: str | None) -> None:
+    if prompt_name is not None:
+        raise InvalidRequestError(
+            f"model '{spec.id}' has no prompts; prompt_name '{prompt_name}' is unknown",
+            param="prompt_name",
         )
 
 
@@ -60,17 +72,7 @@ class TeiEmbed(msgspec.Struct, kw_only=True):
 
     def as_request(self, spec: ModelSpec) -> EmbeddingRequest:
         _right_only(self.truncation_direction)
-        if self.prompt_name is not None:
-            raise InvalidRequestError(
-                f"model '{spec.id}' has no prompts; prompt_name '{self.prompt_name}' is unknown",
-                param="prompt_name",
-            )
-        if not self.normalize and spec.normalize:
-            raise InvalidRequestError(
-                f"model '{spec.id}' normalizes its vectors itself: normalize=false cannot be "
-                "served",
-                param="normalize",
-            )
+        _no_prompts(spec, self.prompt_name)
         return EmbeddingRequest(
             input=self.inputs,
             model=spec.id,
@@ -80,7 +82,10 @@ class TeiEmbed(msgspec.Struct, kw_only=True):
 
     def answer(self, response: EmbeddingResponse) -> list[list[float]]:
         rows = np.array([d.embedding for d in response.data], dtype=np.float32)
-        # A no-op (to float rounding) where the model normalizes.
+        # `normalize` adds a step; it never removes one the model ships (Haystack's TEI
+        # embedders send false by default): a model that normalizes itself answers unit
+        # vectors either way, as sentence-transformers gives them. Where it normalizes, a
+        # no-op to float rounding.
         return (unit_rows(rows) if self.normalize else rows).tolist()
 
 
@@ -184,6 +189,60 @@ class TeiRerank(msgspec.Struct, kw_only=True):
             | ({"text": self.texts[r.index]} if self.return_text else {})
             for r in response.results
         ]
+
+
+class TeiTokenize(msgspec.Struct, kw_only=True):
+    """`POST /tokenize`: each text's tokens, `{id, text, special, start, stop}`; `text` is
+    the input's characters `start:stop` (a special token's own string, with no span)."""
+
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+    def as_request(self, spec: ModelSpec) -> TextsTokenizeRequest:
+        _no_prompts(spec, self.prompt_name)
+        return TextsTokenizeRequest(
+            model=spec.id,
+            texts=texts_of(self.inputs, "inputs"),
+            add_special_tokens=self.add_special_tokens,
+        )
+
+    def answer(self, response: Tokens) -> list[list[dict]]:
+        texts = texts_of(self.inputs, "inputs")
+        return [
+            [
+                {"id": i, "text": token, "special": True, "start": None, "stop": None}
+                if special
+                else {"id": i, "text": text[a:b], "special": False, "start": a, "stop": b}
+                for i, token, (a, b), special in zip(ids, tokens, spans, specials, strict=True)
+            ]
+            for text, ids, tokens, spans, specials in zip(
+                texts, response.ids, response.tokens, response.spans, response.special, strict=True
+            )
+        ]
+
+
+class TeiDecode(msgspec.Struct, kw_only=True):
+    """`POST /decode`: the text of each list of ids (one list, or a list of lists)."""
+
+    ids: list[int | list[int]]
+    """One text's ids, or a list of them (msgspec takes no union of two list types)."""
+    skip_special_tokens: bool = True
+
+    def as_request(self, spec: ModelSpec) -> DecodeRequest:
+        ids = self.ids
+        if not ids:
+            raise InvalidRequestError("`ids` cannot be empty", param="ids")
+        if all(isinstance(i, int) for i in ids):
+            lists: list[list[int]] = [ids]  # type: ignore[list-item]
+        elif all(isinstance(i, list) for i in ids):
+            lists = ids  # type: ignore[assignment]
+        else:
+            raise InvalidRequestError("`ids` must be ids or lists of ids, not both", param="ids")
+        return DecodeRequest(model=spec.id, ids=lists, skip_special_tokens=self.skip_special_tokens)
+
+    def answer(self, response: Decoded) -> list[str]:
+        return response.texts
 
 
 _MODEL_TYPES = {"embed": "embedding", "sparse": "embedding", "classify": "classifier"}

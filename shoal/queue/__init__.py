@@ -15,6 +15,7 @@ from .errors import (
     QueueFullError,
     QueueUnavailableError,
 )
+from .heartbeat import WorkerHeartbeat
 from .messages import (
     EmbedJob,
     EmbedResult,
@@ -24,7 +25,6 @@ from .messages import (
     Job,
     JobFailed,
     Reply,
-    WorkerHeartbeat,
 )
 from .nats import Bus
 from .provision import ensure_consumer, ensure_work_stream

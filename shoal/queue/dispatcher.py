@@ -35,6 +35,7 @@ from .errors import (
     NoWorkerError,
     QueueUnavailableError,
 )
+from .heartbeat import WorkerHeartbeat, decode_heartbeat
 from .messages import (
     OP_OF_JOB,
     FailureCode,
@@ -45,8 +46,6 @@ from .messages import (
     PayloadRef,
     Reply,
     Result,
-    WorkerHeartbeat,
-    decode_heartbeat,
     decode_reply,
     encode,
 )

@@ -1,10 +1,10 @@
 """The wire contract between gateways and workers: msgpack-encoded msgspec Structs.
 
-Jobs travel on JetStream work subjects; replies on core NATS to the job's `reply_to`;
-heartbeats on the heartbeat subject. Every family is a tagged union so a decoder can tell
-what it got. Evolution rules (msgspec schema evolution): new fields are added last with a
-default, no field is removed or renamed, no tag changes; then old and new processes read
-each other's messages (tests/contract/test_wire_evolution.py).
+Jobs travel on JetStream work subjects; replies on core NATS to the job's `reply_to`
+(heartbeats, on the heartbeat subject, are heartbeat.py's). Every family is a tagged
+union so a decoder can tell what it got. Evolution rules (msgspec schema evolution): new
+fields are added last with a default, no field is removed or renamed, no tag changes;
+then old and new processes read each other's messages (tests/contract/test_wire_evolution.py).
 
 Vectors are raw little-endian bytes (`data`), `rows x dims` of `dtype`, never lists of
 floats.
@@ -46,8 +46,8 @@ __all__ = [
     "SparseJob",
     "SparseResult",
     "TokenLogprob",
-    "WorkerHeartbeat",
-    "decode_heartbeat",
+    "TokenizeJob",
+    "TokensResult",
     "decode_job",
     "decode_job_header",
     "decode_job_message",
@@ -192,7 +192,21 @@ class GenerateJob(_JobCommon, tag="generate", kw_only=True):
     echo: bool = False
 
 
-Job = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob | SparseJob | GenerateJob
+class TokenizeJob(_JobCommon, tag="tokenize", kw_only=True):
+    """The model's own tokens of `texts` (or of `messages` through its chat template);
+    with `ids` instead, the texts of those tokens. Any model serves it: its worker holds
+    the tokenizer, the gateway never does."""
+
+    texts: list[str] = []
+    messages: list[ChatTurn] = []
+    add_special_tokens: bool = True
+    ids: list[list[int]] = []
+    """Token ids to decode, one list per text."""
+    skip_special_tokens: bool = True
+
+
+_EncoderJob = EmbedJob | MultiVectorJob | NerJob | ClassifyJob | RerankJob | SparseJob
+Job = _EncoderJob | GenerateJob | TokenizeJob
 
 OP_OF_JOB: dict[type, str] = {
     EmbedJob: "embed",
@@ -202,6 +216,7 @@ OP_OF_JOB: dict[type, str] = {
     RerankJob: "rerank",
     SparseJob: "sparse",
     GenerateJob: "generate",
+    TokenizeJob: "tokenize",
 }
 """The op (subject token, batcher key) each job type is."""
 
@@ -261,6 +276,20 @@ class SparseResult(_ResultCommon, tag="sparse_result", kw_only=True):
     counts: list[int]
 
 
+class TokensResult(_ResultCommon, tag="tokens_result", kw_only=True):
+    """A `TokenizeJob`'s answer: per text its ids, vocabulary strings, character spans
+    into the text (`(0, 0)` for a special token or a chat) and special-token flags; or,
+    for ids, the decoded `texts`."""
+
+    ids: list[list[int]] = []
+    tokens: list[list[str]] = []
+    spans: list[list[tuple[int, int]]] = []
+    special: list[list[bool]] = []
+    texts: list[str] = []
+    max_length: int = 0
+    """The longest input the model takes, in tokens."""
+
+
 class TokenLogprob(_Wire, tag="logprob", kw_only=True):
     token: str
     logprob: float
@@ -316,58 +345,9 @@ class PayloadRef(_Wire, tag="payload_ref", kw_only=True):
     size: int
 
 
-Result = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult | SparseResult
-Reply = (
-    EmbedResult
-    | MultiVectorResult
-    | NerResult
-    | ClassifyResult
-    | ScoresResult
-    | SparseResult
-    | GenerateChunk
-    | JobFailed
-    | PayloadRef
-)
-
-
-class WorkerHeartbeat(_Wire, tag="heartbeat", kw_only=True):
-    worker_id: str
-    models: list[str]
-    """What the worker serves: model ids, or `*` for every registered model."""
-    state: Literal["loading", "ready", "stopping"]
-    sent_at: float
-    resident: list[str] = []
-    """Models loaded in memory now."""
-    resident_bytes: int = 0
-    memory_budget: int = 0
-    loads: int = 0
-    evictions: int = 0
-    batch_max: int = 0
-    """Generation: the largest batch one decode step has run."""
-    active: int = 0
-    """Generation: sequences running or waiting for a slot now."""
-    batches_per_s: float = 0.0
-    """Forward passes per second over the last few seconds."""
-    items_per_s: float = 0.0
-    """Inputs run per second (encoders)."""
-    tokens_per_s: float = 0.0
-    """Tokens run per second (prompt tokens; generated tokens for generation)."""
-    batch_fill: float = 0.0
-    """Mean share of the token budget its recent batches used (encoders), 0..1."""
-    engines: dict[str, str] = {}
-    """What runs each resident model and in which precision (`openvino float32`)."""
-    forward_busy: float = 0.0
-    """Encoders: moving average (about a second) of the share of the forward capacity
-    computing, 0..1: near 1, the worker is saturated."""
-    passes_side_by_side: int = 0
-    """Encoders: forward passes run so far beside another (two engine streams on a CPU,
-    under load)."""
-    sequences_drafted: int = 0
-    """Generation: sequences decoded speculatively so far (alone, a draft model
-    proposing tokens the full model checks)."""
-    drafted_moved: int = 0
-    """Generation: of those, how many moved to the main batch midway (another sequence
-    arrived)."""
+_EncoderResult = EmbedResult | MultiVectorResult | NerResult | ClassifyResult | ScoresResult
+Result = _EncoderResult | SparseResult | TokensResult
+Reply = Result | GenerateChunk | JobFailed | PayloadRef
 
 
 class JobHeader(msgspec.Struct):
@@ -387,4 +367,3 @@ decode_job_message = msgspec.msgpack.Decoder(Job | PayloadRef).decode
 """What a work item's body holds: the job, or a reference to it in the payload store."""
 decode_job_header = msgspec.msgpack.Decoder(JobHeader).decode
 decode_reply = msgspec.msgpack.Decoder(Reply).decode
-decode_heartbeat = msgspec.msgpack.Decoder(WorkerHeartbeat).decode

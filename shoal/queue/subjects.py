@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["Lane", "Subjects", "Task", "model_token", "token_model"]
+__all__ = ["EVERY_MODEL", "Lane", "Subjects", "Task", "model_token", "token_model"]
 
 Lane = Literal["interactive", "batch"]
-Task = Literal["embed", "multivector", "ner", "classify", "rerank", "sparse", "generate"]
+Task = Literal[
+    "embed", "multivector", "ner", "classify", "rerank", "sparse", "generate", "tokenize"
+]
 """What a model does and what a job asks of it (its work subject's last token)."""
+EVERY_MODEL: frozenset[str] = frozenset({"tokenize"})
+"""Tasks every model serves whatever its spec's `tasks` say."""
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 

@@ -68,6 +68,8 @@ OPERATIONS = [
     ("POST", "/native/v1/multivector"),
     ("POST", "/native/v1/ner"),
     ("POST", "/native/v1/sparse"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
     ("GET", "/health"),
     ("GET", "/status"),
     ("GET", "/ready"),
@@ -94,6 +96,8 @@ OPERATIONS = [
     ("POST", "/tei/{model}/embed_sparse"),
     ("POST", "/tei/{model}/predict"),
     ("POST", "/tei/{model}/rerank"),
+    ("POST", "/tei/{model}/tokenize"),
+    ("POST", "/tei/{model}/decode"),
     ("GET", "/tei/{model}/info"),
 ]
 

@@ -40,6 +40,7 @@ ANSWERS: dict[str, Callable[[Any], Any]] = {
     "/v1/classify": lambda a: a["data"][0]["labels"][0]["label"],
     "/v1/multivector": lambda a: a["data"][0]["embeddings"][0],
     "/v1/sparse": lambda a: a["data"][0]["indices"],
+    "/tokenize": lambda a: a["tokens"][a["count"] - 1],
 }
 _SHELL = """set -euo pipefail
 curl() { command curl -sS --fail-with-body "$@"; }

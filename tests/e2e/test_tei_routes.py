@@ -75,10 +75,43 @@ def test_tei_embed_sparse_predict_rerank_and_info(http) -> None:
     assert info["model_type"] == {"embedding": {}}
 
 
+def test_langchain_tei_embeddings(stack: str, st_model, online) -> None:
+    """LangChain's `HuggingFaceEndpointEmbeddings`, its URL as the model. (1.2.0, the last
+    release that takes a URL, pins huggingface_hub<1: it goes in without its dependencies,
+    see the Makefile, and this test is what says it works beside hub 2.x.)"""
+    from langchain_huggingface import HuggingFaceEndpointEmbeddings
+
+    embeddings = HuggingFaceEndpointEmbeddings(model=f"{stack}/tei/{MODEL}")
+    docs = embeddings.embed_documents(TEXTS)
+    np.testing.assert_allclose(docs, st_model.encode(TEXTS), atol=2e-5)
+    query = embeddings.embed_query(TEXTS[1])
+    np.testing.assert_allclose(query, st_model.encode(TEXTS[1]), atol=2e-5)
+
+
+def test_haystack_tei_embedders(stack: str, st_model, online) -> None:
+    """Haystack's TEI embedders with their defaults, `normalize=False` among them: a model
+    that normalizes itself answers its own (unit) vectors."""
+    from haystack import Document
+    from haystack_integrations.components.embedders.huggingface_api import (
+        HuggingFaceAPIDocumentEmbedder,
+        HuggingFaceAPITextEmbedder,
+    )
+
+    params = {
+        "api_type": "text_embeddings_inference",
+        "api_params": {"url": f"{stack}/tei/{MODEL}"},
+    }
+    text = HuggingFaceAPITextEmbedder(**params).run(text=TEXTS[0])["embedding"]
+    np.testing.assert_allclose(text, st_model.encode(TEXTS[0]), atol=2e-5)
+    docs = HuggingFaceAPIDocumentEmbedder(**params).run([Document(content=t) for t in TEXTS])
+    got = [d.embedding for d in docs["documents"]]
+    np.testing.assert_allclose(got, st_model.encode(TEXTS), atol=2e-5)
+
+
 def test_tei_errors_are_tei_shaped(http) -> None:
-    bad = http.post(f"/tei/{MODEL}/embed", json={"inputs": TEXTS, "normalize": False})
+    bad = http.post(f"/tei/{MODEL}/embed", json={"inputs": TEXTS, "prompt_name": "query"})
     assert bad.status_code == 422
-    assert bad.json()["error_type"] == "Validation" and "normalize" in bad.json()["error"]
+    assert bad.json()["error_type"] == "Validation" and "prompt_name" in bad.json()["error"]
     malformed = http.post(
         f"/tei/{MODEL}/embed",
         content=b'{"inputs": 3}',

@@ -19,7 +19,8 @@ from shoal.config import Settings
 from shoal.model_registry import LiveRegistry, ModelRegistry, ModelSpec
 from shoal.queue import Bus, EmbedJob, EmbedResult, FailureCode, JobFailed, Subjects
 from shoal.queue.dead_letters import DeadLetters
-from shoal.queue.messages import decode_heartbeat, decode_reply, encode
+from shoal.queue.heartbeat import decode_heartbeat
+from shoal.queue.messages import decode_reply, encode
 from shoal.queue.provision import ensure_work_stream
 from shoal.workers.core import SETTLE, Held, Outcome, Worker, WorkerKind
 

@@ -9,6 +9,7 @@ import pytest
 from shoal.compat.classify import ClassifyData, ClassifyResponse, ClassLabel
 from shoal.compat.errors import InvalidRequestError, PayloadTooLargeError
 from shoal.compat.jobs import InputUsage
+from shoal.compat.openai.embeddings import Embedding, EmbeddingResponse
 from shoal.compat.rerank import RerankResponse, RerankResult
 from shoal.compat.tei import TeiEmbed, TeiPredict, TeiRerank, error_body
 from shoal.model_registry import ModelSpec
@@ -27,14 +28,24 @@ def test_embed_maps_to_an_embeddings_request_and_refuses_what_it_cannot_serve() 
     refused = {
         "truncation_direction": {"inputs": "a", "truncation_direction": "Left"},
         "prompt_name": {"inputs": "a", "prompt_name": "query"},
-        "normalize": {"inputs": "a", "normalize": False},
     }
     for param, body in refused.items():
         with pytest.raises(InvalidRequestError) as caught:
             msgspec.convert(body, TeiEmbed).as_request(SPEC)
         assert caught.value.param == param
-    # A model that does not normalize serves normalize=false as it is.
-    msgspec.convert({"inputs": "a", "normalize": False}, TeiEmbed).as_request(UNNORMALIZED)
+    # normalize=false is served on every model: it never undoes a model's own
+    # normalization (Haystack's TEI embedders send it by default), so the vectors are the
+    # model's; true makes unit vectors of a model that does not normalize.
+    for spec in (SPEC, UNNORMALIZED):
+        msgspec.convert({"inputs": "a", "normalize": False}, TeiEmbed).as_request(spec)
+    raw = [[3.0, 4.0]]
+    as_is = msgspec.convert({"inputs": "a", "normalize": False}, TeiEmbed)
+    unit = msgspec.convert({"inputs": "a"}, TeiEmbed)
+    response = EmbeddingResponse(
+        data=[Embedding(embedding=raw[0], index=0)], model="u", usage=InputUsage(1, 1)
+    )
+    assert as_is.answer(response) == raw
+    assert unit.answer(response)[0] == pytest.approx([0.6, 0.8])
 
 
 def test_predict_answers_one_list_for_one_text_and_a_list_each_for_several() -> None:

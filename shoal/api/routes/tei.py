@@ -17,12 +17,14 @@ from litestar.openapi.datastructures import ResponseSpec
 from ... import __version__
 from ...compat.errors import ShoalError
 from ...compat.tei import (
+    TeiDecode,
     TeiEmbed,
     TeiError,
     TeiPredict,
     TeiRerank,
     TeiSimilarity,
     TeiSparse,
+    TeiTokenize,
     error_body,
     info,
 )
@@ -32,8 +34,16 @@ from ..gateway import Gateway, GatewayDep
 __all__ = ["TeiController"]
 
 _encode = msgspec.json.Encoder().encode
-TeiBody = TeiEmbed | TeiPredict | TeiRerank | TeiSimilarity | TeiSparse
-_OP = {TeiEmbed: "embed", TeiSimilarity: "embed", TeiSparse: "sparse", TeiPredict: "classify"}
+TeiBody = TeiEmbed | TeiPredict | TeiRerank | TeiSimilarity | TeiSparse | TeiTokenize | TeiDecode
+_OP = {
+    TeiEmbed: "embed",
+    TeiSimilarity: "embed",
+    TeiSparse: "sparse",
+    TeiPredict: "classify",
+    TeiRerank: "rerank",
+    TeiTokenize: "tokenize",
+    TeiDecode: "tokenize",
+}
 
 
 _ERRORS = {
@@ -67,7 +77,7 @@ def _invalid(message: str) -> Response[bytes]:
 async def _run(gateway: Gateway, model: str, kind: type[TeiBody], raw: bytes) -> Response[bytes]:
     try:
         body = msgspec.json.decode(raw, type=kind)
-        target = gateway.resolve(model, _OP.get(kind, "rerank"))
+        target = gateway.resolve(model, _OP[kind])
         answered = await answer(gateway, body.as_request(target.spec))
         return _json(body.answer(answered.body), headers=answered.headers)  # type: ignore[arg-type]
     except ShoalError as exc:
@@ -126,6 +136,14 @@ class TeiController(Controller):
     @post("/rerank", responses=_ERRORS, summary="TEI: rerank")
     async def rerank(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
         return await _run(gateway, model, TeiRerank, await request.body())
+
+    @post("/tokenize", responses=_ERRORS, summary="TEI: tokenize (any model)")
+    async def tokenize(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
+        return await _run(gateway, model, TeiTokenize, await request.body())
+
+    @post("/decode", responses=_ERRORS, summary="TEI: token ids back to text (any model)")
+    async def decode(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
+        return await _run(gateway, model, TeiDecode, await request.body())
 
     @get("/info", responses=_ERRORS, summary="TEI: the model's limits")
     async def model_info(self, model: str, gateway: GatewayDep) -> Response[bytes]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
+from ..tokens import plain_tokenizer
 from .base import Tokenized
 
 __all__ = ["FastTokenizer"]
@@ -39,6 +40,14 @@ class FastTokenizer:
             self._plain.model, "continuing_subword_prefix", None
         )
         self.unk_id = hf_tokenizer.unk_token_id
+        self._whole: Tokenizer | None = None
+
+    @property
+    def whole(self) -> Tokenizer:
+        """The tokenizer as the model ships it, uncut (what a tokenize request is told)."""
+        if self._whole is None:
+            self._whole = plain_tokenizer(self._plain)
+        return self._whole
 
     def texts(self, texts: Sequence[str], detail: bool = False) -> list[Tokenized]:
         """One row per text, cut to max length; `detail` adds offsets and special masks."""

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 from ...model_registry import ModelSpec
+from ...queue.messages import TokenizeJob, TokensResult
 from ..adapters.base import EncoderAdapter
 from ..batcher import Batcher
+from ..tokens import answers
 from .held import EncoderHeld, Unit
 
 __all__ = ["BatcherKey", "EncoderModel", "ModelState"]
@@ -53,6 +55,12 @@ class EncoderModel:
             self.seconds_per_token = per_token
         else:
             self.seconds_per_token += 0.2 * (per_token - self.seconds_per_token)
+
+    def tokens(self, jobs: list[TokenizeJob]) -> list[TokensResult | str]:
+        """Tokenize jobs' answers, from the tokenizer the model runs on (resident only)."""
+        tokenizer = getattr(self.adapter, "tokenizer", None)
+        whole = tokenizer.whole if tokenizer is not None else None
+        return answers(whole, jobs, self.adapter.max_length)
 
     @property
     def id(self) -> str:

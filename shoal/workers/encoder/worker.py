@@ -47,6 +47,7 @@ from ..adapters.sentence_transformers import pick_device
 from ..batcher import Batcher
 from ..core import Core, Held, Outcome, Worker, WorkerKind
 from ..observe import WorkerMetrics
+from ..tokens import answer_asked
 from .forward import forward_isolating, prepare, too_long
 from .held import EncoderHeld, Unit, jobs_of
 from .loader import Loader, LoadError
@@ -246,6 +247,7 @@ class EncoderKind(WorkerKind):
     async def _queue(self, model: EncoderModel, jobs: list[EncoderHeld]) -> None:
         """Tokenize jobs for a resident model into its batchers."""
         loop = asyncio.get_running_loop()
+        jobs = await answer_asked(self.core, jobs, model.tokens)  # type: ignore[arg-type]
         prepared = await loop.run_in_executor(self._tokenize, prepare, model.adapter, jobs)
         for held, tokens in zip(jobs, prepared, strict=True):
             if held.done:

@@ -3,12 +3,16 @@ SGLang server the worker supervises (shoal/workers/generation/sglang.py)."""
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from ...model_registry import ModelSpec
-from ...queue.messages import ChatTurn
+from ...queue.messages import ChatTurn, TokenizeJob, TokensResult
+from ..tokens import answers, plain_tokenizer
 from .engine import Engine, SequenceRequest, TokenEvent
 
 __all__ = ["GenerationRuntime", "TransformersRuntime", "chat_prompt_ids"]
@@ -55,6 +59,18 @@ class GenerationRuntime(ABC):
         """The prompt's tokens: the chat template applied to `messages`, or `prompt` (with
         the tokenizer `start` loaded)."""
         return chat_prompt_ids(self.tokenizer, messages, prompt)
+
+    @functools.cached_property
+    def _plain_tokenizer(self) -> Tokenizer | None:
+        backend = getattr(getattr(self, "tokenizer", None), "backend_tokenizer", None)
+        return plain_tokenizer(backend) if backend is not None else None
+
+    def tokens(self, jobs: list[TokenizeJob]) -> list[TokensResult | str]:
+        """Tokenize jobs' answers, from the tokenizer the model is prompted with (a chat's
+        ids are `prompt_ids`' own)."""
+        return answers(
+            self._plain_tokenizer, jobs, self.context, lambda turns: self.prompt_ids(turns, "")
+        )
 
     @abstractmethod
     def submit(self, requests: list[SequenceRequest]) -> None: ...

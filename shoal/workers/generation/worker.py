@@ -31,6 +31,7 @@ from ...queue.messages import ChoiceDelta, GenerateChunk, GenerateJob, Job, Toke
 from ...queue.payloads import PayloadStore
 from ..core import Held, Outcome, Worker, WorkerKind
 from ..observe import WorkerMetrics
+from ..tokens import answer_asked
 from .engine import SequenceRequest, TokenEvent
 from .held import GenerationHeld, LiveDemand, record_spans
 from .runtime import GenerationRuntime, TransformersRuntime
@@ -214,6 +215,7 @@ class GenerationKind(WorkerKind):
 
     async def accept(self, model: str, jobs: list[Held], batch_lane: bool) -> None:
         served = self.models[model]
+        jobs = await answer_asked(self.core, jobs, served.runtime.tokens)
         for running in jobs:
             await self._start(served, running)  # type: ignore[arg-type]
         if not batch_lane:

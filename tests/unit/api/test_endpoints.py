@@ -58,4 +58,6 @@ def test_groups_keys_may_name_and_the_ones_that_wait_on_workers() -> None:
     assert route_group("/v1/chat/completions") == "chat"
     assert route_group("/native/v1/embed") == "native"
     assert route_group("/v1/score") == route_group("/score") == "rerank"
+    assert route_group("/tokenize") == route_group("/detokenize") == "tokenize"
+    assert route_group("/tei/m/tokenize") == "tei"
     assert route_group("/docs") is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from shoal.compat.admin import WorkerInfo
-from shoal.queue.messages import WorkerHeartbeat
+from shoal.queue.heartbeat import WorkerHeartbeat
 
 
 def test_worker_info_carries_every_heartbeat_field() -> None:
