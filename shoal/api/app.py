@@ -28,6 +28,7 @@ from .errors import exception_handlers
 from .gateway import Gateway
 from .observe import ObserveMiddleware, Observer
 from .routes import (
+    TEI_ROUTER,
     WORK_ROUTES,
     AdminController,
     BatchesController,
@@ -36,7 +37,6 @@ from .routes import (
     ModelsController,
     NativeController,
     StatusController,
-    TeiController,
 )
 from .status import StatusBoard
 
@@ -115,7 +115,7 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
             FilesController,
             BatchesController,
             StatusController,
-            TeiController,
+            TEI_ROUTER,
             create_static_files_router(
                 _DOCS_ASSETS, [swagger_ui_assets()], include_in_schema=False
             ),

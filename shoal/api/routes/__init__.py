@@ -8,10 +8,11 @@ from .health import HealthController
 from .models import ModelsController
 from .native import NativeController
 from .status import StatusController
-from .tei import TeiController
+from .tei import TEI_ROUTER
 from .work import WORK_ROUTES
 
 __all__ = [
+    "TEI_ROUTER",
     "WORK_ROUTES",
     "AdminController",
     "BatchesController",
@@ -20,5 +21,4 @@ __all__ = [
     "ModelsController",
     "NativeController",
     "StatusController",
-    "TeiController",
 ]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, Router, get, post
+from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 
 from ... import __version__
@@ -31,7 +32,7 @@ from ...compat.tei import (
 from ..answer import answer
 from ..gateway import Gateway, GatewayDep
 
-__all__ = ["TeiController"]
+__all__ = ["TEI_ROUTER"]
 
 _encode = msgspec.json.Encoder().encode
 TeiBody = TeiEmbed | TeiPredict | TeiRerank | TeiSimilarity | TeiSparse | TeiTokenize | TeiDecode
@@ -86,9 +87,10 @@ async def _run(gateway: Gateway, model: str, kind: type[TeiBody], raw: bytes) ->
         return _invalid(f"Invalid request body: {exc}")
 
 
-class TeiController(Controller):
-    path = "/tei/{model:str}"
-    tags = ["TEI"]
+class _TeiController(Controller):
+    """The routes that pick their body by the model (`/`) or read none (`/info`)."""
+
+    path = "/"
 
     @post("/", responses=_ERRORS, summary="TEI's root: embed, similarity or predict, by model")
     async def root(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
@@ -113,38 +115,6 @@ class TeiController(Controller):
             return _invalid(f"model '{model}' answers TEI's /rerank, not its root route")
         return await _run(gateway, model, kind, raw)
 
-    @post("/embed", responses=_ERRORS, summary="TEI: embed")
-    async def embed(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
-        return await _run(gateway, model, TeiEmbed, await request.body())
-
-    @post("/similarity", responses=_ERRORS, summary="TEI: cosine of sentences to a source sentence")
-    async def similarity(
-        self, model: str, request: Request, gateway: GatewayDep
-    ) -> Response[bytes]:
-        return await _run(gateway, model, TeiSimilarity, await request.body())
-
-    @post("/embed_sparse", responses=_ERRORS, summary="TEI: sparse (SPLADE) embed")
-    async def embed_sparse(
-        self, model: str, request: Request, gateway: GatewayDep
-    ) -> Response[bytes]:
-        return await _run(gateway, model, TeiSparse, await request.body())
-
-    @post("/predict", responses=_ERRORS, summary="TEI: classify")
-    async def predict(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
-        return await _run(gateway, model, TeiPredict, await request.body())
-
-    @post("/rerank", responses=_ERRORS, summary="TEI: rerank")
-    async def rerank(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
-        return await _run(gateway, model, TeiRerank, await request.body())
-
-    @post("/tokenize", responses=_ERRORS, summary="TEI: tokenize (any model)")
-    async def tokenize(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
-        return await _run(gateway, model, TeiTokenize, await request.body())
-
-    @post("/decode", responses=_ERRORS, summary="TEI: token ids back to text (any model)")
-    async def decode(self, model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
-        return await _run(gateway, model, TeiDecode, await request.body())
-
     @get("/info", responses=_ERRORS, summary="TEI: the model's limits")
     async def model_info(self, model: str, gateway: GatewayDep) -> Response[bytes]:
         try:
@@ -152,3 +122,32 @@ class TeiController(Controller):
         except ShoalError as exc:
             return _error(exc)
         return _json(info(spec, gateway.settings.gateway.max_inputs, __version__))
+
+
+_BODY_ROUTES: dict[str, tuple[type[TeiBody], str]] = {
+    "/embed": (TeiEmbed, "TEI: embed"),
+    "/similarity": (TeiSimilarity, "TEI: cosine of sentences to a source sentence"),
+    "/embed_sparse": (TeiSparse, "TEI: sparse (SPLADE) embed"),
+    "/predict": (TeiPredict, "TEI: classify"),
+    "/rerank": (TeiRerank, "TEI: rerank"),
+    "/tokenize": (TeiTokenize, "TEI: tokenize (any model)"),
+    "/decode": (TeiDecode, "TEI: token ids back to text (any model)"),
+}
+"""TEI's routes whose path names their body."""
+
+
+def _body_route(path: str, kind: type[TeiBody], summary: str) -> HTTPRouteHandler:
+    async def handle(model: str, request: Request, gateway: GatewayDep) -> Response[bytes]:
+        return await _run(gateway, model, kind, await request.body())
+
+    return post(path, responses=_ERRORS, summary=summary)(handle)
+
+
+TEI_ROUTER = Router(
+    path="/tei/{model:str}",
+    tags=["TEI"],
+    route_handlers=[
+        _TeiController,
+        *(_body_route(path, kind, summary) for path, (kind, summary) in _BODY_ROUTES.items()),
+    ],
+)
