@@ -86,6 +86,8 @@ class Traffic:
             record.status, record.problem = await getattr(self, f"_{route}")(client)
         except httpx.HTTPError as exc:
             record.status, record.problem = 0, type(exc).__name__
+        except Exception as exc:  # an answer it cannot read (a broken stream line): say so
+            record.status, record.problem = 0, repr(exc)[:200]
         record.seconds = time.monotonic() - clock
 
     async def _embeddings(self, client: httpx.AsyncClient) -> tuple[int, str]:
