@@ -43,7 +43,6 @@ from ..queue.dead_letters import DeadLetters
 from ..queue.messages import Result
 from ..queue.objects import open_object_store
 from ..queue.payloads import PayloadStore
-from ..queue.subjects import EVERY_MODEL
 from .admission import caller_may_use, current_principal, meter_usage
 from .batch_store import BatchStore
 from .calibration import Calibrations
@@ -180,7 +179,7 @@ class Gateway:
                     param="shoal.adapter",
                 )
             adapter = shoal.adapter
-        if op is not None and op not in spec.tasks and op not in EVERY_MODEL:
+        if op is not None and not spec.serves(op):
             raise InvalidRequestError(
                 f"model '{spec.id}' does not serve {op}; it serves {', '.join(spec.tasks)}",
                 param="model",

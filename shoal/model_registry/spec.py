@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from ..queue.subjects import Task
+from ..queue.subjects import EVERY_MODEL, Task
 
 __all__ = [
     "RUNTIME_TASKS",
@@ -153,6 +153,11 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"model {self.id!r}: 'dims' is required for embed")
         if "ner" in self.tasks and self.stride >= self.max_length // 2:
             raise ValueError(f"model {self.id!r}: 'stride' must be under half of max_length")
+
+    def serves(self, op: str) -> bool:
+        """Whether a job of `op` may run on this model: one of its tasks, or a task every
+        model serves (tokenize)."""
+        return op in self.tasks or op in EVERY_MODEL
 
 
 AdapterName = Annotated[

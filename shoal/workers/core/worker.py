@@ -37,7 +37,6 @@ from ...queue.messages import FailureCode, Reply, encode
 from ...queue.payloads import PayloadStore, open_payload_store
 from ...queue.provision import ensure_consumer, ensure_work_stream
 from ...queue.source import Delivery
-from ...queue.subjects import EVERY_MODEL
 from .cancels import CancelledRequests
 from .held import Held
 from .intake import read_job
@@ -255,7 +254,7 @@ class Worker:
                 await self.settle(
                     held, Outcome.EXPIRED, "the request's deadline passed before it ran"
                 )
-            elif held.op not in served.spec.tasks and held.op not in EVERY_MODEL:
+            elif not served.spec.serves(held.op):
                 message = f"model {served.spec.id!r} does not serve {held.op}"
                 await self.settle(held, Outcome.INVALID, message)
             else:
