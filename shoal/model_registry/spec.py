@@ -74,7 +74,8 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     serves float32 (emulated half precision is slower)."""
     weights: Literal["native", "float32", "int8"] = "native"
     """Generation on OpenVINO only. `native`: the checkpoint's weights as shipped (a GGUF's
-    4-bit blocks; float32 for a checkpoint that has none narrower), checked at load
+    quantized blocks, a bf16 or f16 checkpoint's 16-bit weights; float32 for a float32
+    checkpoint), checked at load
     against the float32 model of the same checkpoint (mean KL <= 1e-3 nats, top-1
     agreement >= 99.5% on probe chats), else float32 and the log says why. `float32`:
     every weight widened to float32. `int8`: int8 weights per output channel from the

@@ -1,7 +1,7 @@
 """The guard on the OpenVINO runtime's weight tiers: `weights = "int8"` serves compressed
 only when the load-time check finds it agrees with float32 often enough, and the default
-(the GGUF's own blocks) only when it answers like the float32 model of the same file; else
-float32, said."""
+(the GGUF's own blocks, a 16-bit checkpoint's 16-bit weights) only when it answers like
+the float32 model of the same checkpoint; else float32, said."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from tests.helpers import GEN_MODEL, model_ready, start_gateway, start_worker, w
 pytestmark = pytest.mark.slow
 
 
-def _spec(path: Path, lm_dir: Path) -> Path:
+def _spec(path: Path, lm_dir: Path, weights: str = "int8") -> Path:
     path.write_text(
         f'[[models]]\nid = "{GEN_MODEL}"\ntasks = ["generate"]\nruntime = "transformers"\n'
         f'source = "{lm_dir}"\nmax_length = 2048\n'
-        '[models.profile]\nmax_batch_items = 8\nweights = "int8"\n'
+        f'[models.profile]\nmax_batch_items = 8\nweights = "{weights}"\n'
     )
     return path
 
@@ -118,3 +118,59 @@ def test_native_weights_that_fail_the_guard_fall_back_to_float32(
     assert engine == "openvino float32, int8 draft when alone", engine
     assert "GGUF weights as shipped: Q4_1 x210, Q8_0 x1 not served (top-1 0." in log, log
     assert "the guard needs top-1 >= 0.995 and mean KL <= 0.001): serving float32" in log
+
+
+def _bf16_checkpoint(root: Path, lm_dir: Path) -> Path:
+    """A small llama saved in bf16 (random weights, some too small for f16 to hold), with
+    SmolLM2's tokenizer and chat template: a 16-bit checkpoint as users ship them."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    vocab = json.loads((lm_dir / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() == 2:
+                weight[0, 0] = 1e-7  # a bf16 value that f16 cannot hold
+    model.save_pretrained(root)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (lm_dir / name).exists():
+            shutil.copy2(lm_dir / name, root / name)
+    return root
+
+
+def test_a_bf16_checkpoint_serves_its_16_bit_weights(nats_server, tmp_path, lm_dir) -> None:
+    import openvino as ov
+
+    from shoal.workers.generation.weight_guard import EXACT
+
+    checkpoint = _bf16_checkpoint(tmp_path / "bf16", lm_dir)
+    env = {
+        "SHOAL_MODELS_FILE": str(_spec(tmp_path / "models.toml", checkpoint, "native")),
+        "SHOAL_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    engine, _ = _serve(nats_server.url, tmp_path, env)
+    # Every matmul and the embedding: their values are the checkpoint's, so the guard
+    # finds the float32 copy's answers exactly.
+    assert engine.startswith(
+        "openvino float32, checkpoint weights as shipped: BF16 x16 (top-1 1.0000, mean KL"
+    ), engine
+
+    # The served graph's kernels read 16-bit weights, not a widened copy.
+    [native] = [p.parent for p in (tmp_path / "cache").glob("openvino/*/native_weights.json")]
+    compiled = ov.Core().compile_model(str(native / "openvino_model.xml"), "CPU", EXACT)
+    matmuls, gathers = [], []
+    for op in compiled.get_runtime_model().get_ops():
+        kind = op.get_rt_info()["layerType"].astype(str)
+        if kind == "FullyConnected":  # the 14 projections and lm_head
+            matmuls.append(op.input(1).get_element_type().get_type_name())
+        elif kind == "Gather":  # the embedding's, among index lookups
+            gathers.append(op.input(0).get_element_type().get_type_name())
+    assert matmuls and set(matmuls) == {"bf16"}, matmuls
+    assert gathers.count("bf16") == 1, gathers

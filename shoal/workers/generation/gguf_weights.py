@@ -12,7 +12,7 @@ step reads the 4-bit codes, not a widened copy.
 Each block type (`gguf_blocks`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) is, per
 group of weights, its integer codes, a scale and a float zero point, exactly the file's
 values. Other tensor types (Q2_K, Q3_K, the i-quants; F16, F32) keep the exported float32
-constant.
+constant here; float16_weights.py then puts F16 and BF16 tensors back in 16 bits.
 
 Every replaced weight is checked against the exported constant (gguf-py's dequantizing
 of the same bytes): where they differ by more than float32 rounding (a layout this
@@ -24,12 +24,12 @@ stores permuted for its rotary layout, are put back the way transformers reads t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
+from .float16_weights import weight_constants
 from .gguf_blocks import BLOCK_TYPES, FOUR_BIT_TYPES, SIGNED_TYPES, blocks
 
 __all__ = ["NativeWeights", "native_weights"]
@@ -67,7 +67,7 @@ def native_weights(model, gguf_path: Path) -> NativeWeights:
     names = gguf.get_tensor_name_map(_arch(gguf, arch), layers)
     tensors = {t.name: t for t in reader.tensors}
     done = NativeWeights()
-    for const in _weight_constants(model):
+    for const in weight_constants(model):
         hf_name = const.get_friendly_name().removeprefix("self.").removesuffix(".weight")
         gguf_name = names.get_name(hf_name)
         tensor = tensors.get(f"{gguf_name}.weight") if gguf_name else None
@@ -106,14 +106,6 @@ def _arch(gguf, name: str):
         if arch_name == name:
             return arch
     raise ValueError(f"gguf-py does not know the architecture {name!r}")
-
-
-def _weight_constants(model) -> Iterable:
-    """The named weight constants of optimum's export, each once."""
-    for op in model.get_ops():
-        named = op.get_type_name() == "Constant" and op.get_friendly_name().endswith(".weight")
-        if named and len(op.get_output_shape(0)) == 2:
-            yield op
 
 
 def _matching_blocks(raw: np.ndarray, kind: str, exported: np.ndarray, heads: set[int]):

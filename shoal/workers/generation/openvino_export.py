@@ -5,8 +5,8 @@ rebuilt with the checkpoint's own weights where they are narrower than float32.
 runs from its own environment (`generator.openvino_export_command`, by default the
 `.venv-export` that `make setup` builds beside `.venv`). Its float32 IR is the reference
 every tier is measured against (precision.py); `native_ir` puts a GGUF's quantized blocks
-back into it (gguf_weights.py). Everything is cached in the cache dir, written whole or
-not at all.
+(gguf_weights.py) and 16-bit weights (float16_weights.py) back into it. Everything is
+cached in the cache dir, written whole or not at all.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ...config import GeneratorSettings
 from ...lifecycle import die_with_parent
 from ...model_registry.cache_dirs import is_complete, partial_dir, publish
 from ...model_registry.sources import gguf_file
+from .float16_weights import mark_decompression, sixteen_bit_weights
 from .gguf_weights import NativeWeights, native_weights
 
 __all__ = ["export_command", "native_ir", "openvino_ir"]
@@ -32,7 +33,7 @@ __all__ = ["export_command", "native_ir", "openvino_ir"]
 log = logging.getLogger(__name__)
 
 _EXPORT_TIMEOUT = 3600.0
-_NATIVE_VERSION = "2"  # bump when gguf_weights.py builds a different graph (2: K-quants and Q5_x)
+_NATIVE_VERSION = "3"  # bump when the graph built differs (2: K-quants and Q5_x; 3: 16-bit)
 _MODEL_FILES = ("openvino_model.xml", "openvino_model.bin")
 
 
@@ -91,33 +92,38 @@ def openvino_ir(
 
 
 def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWeights] | None:
-    """The float32 IR `full` with the weights the `gguf:` checkpoint `source` stores
-    quantized put back as its own blocks (built on first use, then read from the cache),
-    and what was replaced; None for a checkpoint that is not a GGUF or holds no
-    quantized weight this can express."""
-    if not source.startswith("gguf:"):
-        return None
+    """The float32 IR `full` with the checkpoint's own weights put back where they are
+    narrower than float32 (built on first use, then read from the cache), and what was
+    replaced: a `gguf:` checkpoint's quantized blocks (gguf_weights.py), and every weight
+    whose values are all 16-bit (float16_weights.py: a bf16 or f16 checkpoint, a GGUF's
+    F16 tensors). None where nothing is narrower (a float32 checkpoint)."""
     import openvino as ov
 
-    file = gguf_file(source)
-    stat = file.stat()
-    stamp = f"{full.name}|{file}:{stat.st_size}:{stat.st_mtime_ns}|{_NATIVE_VERSION}"
+    gguf = source.startswith("gguf:")
+    stamp = f"{full.name}|{_NATIVE_VERSION}"
+    if gguf:
+        file = gguf_file(source)
+        stat = file.stat()
+        stamp += f"|{file}:{stat.st_size}:{stat.st_mtime_ns}"
     target = cache_dir / "openvino" / hashlib.sha256(stamp.encode()).hexdigest()[:20]
     replaced = target / "native_weights.json"
     if is_complete(target):
         done = msgspec.json.decode(replaced.read_bytes(), type=NativeWeights)
         return (target, done) if done.replaced else None
     model = ov.Core().read_model(str(full / "openvino_model.xml"))
-    done = native_weights(model, file)
+    done = native_weights(model, file) if gguf else NativeWeights()
+    for kind, count in sixteen_bit_weights(model).items():
+        done.replaced[kind] = done.replaced.get(kind, 0) + count
     partial = partial_dir(target)
     partial.mkdir()
     (partial / replaced.name).write_bytes(msgspec.json.encode(done))
     if not done.replaced:  # remembered, so the next load does not read the graph again
         publish(partial, target)
         return None
-    log.info("%s: the GGUF's own blocks as weights (%s), once", file.name, done)
+    log.info("%s: the checkpoint's own weights (%s), once", source, done)
     for item in full.iterdir():  # the tokenizer, config and chat template, as exported
         if item.is_file() and item.name not in _MODEL_FILES and item.name != "agreement.json":
             shutil.copy2(item, partial / item.name)
     ov.save_model(model, str(partial / "openvino_model.xml"), compress_to_fp16=False)
+    mark_decompression(partial / "openvino_model.xml")
     return publish(partial, target), done

@@ -1,13 +1,12 @@
 """Which weights a generation model serves on OpenVINO, and the guard that lets them.
 
 Exact means exact to the checkpoint as shipped. The tiers (`profile.weights`):
-- `native` (the default): the checkpoint's own weights. A GGUF's Q4_0, Q4_1 and Q8_0
-  blocks serve as they are (gguf_weights.py), computed in float32 with OpenVINO's dynamic
-  quantization of activations off: it is on by default for compressed weights, and on
-  SmolLM2's Q4_1 it takes the answers outside the guard below (perf/results/README.md).
-  A checkpoint with nothing narrower than float32 to serve (a float32 safetensors
-  directory) serves its float32 IR. A 16-bit checkpoint also serves float32 for now:
-  OpenVINO's CPU plugin widens 16-bit weights when it computes in float32.
+- `native` (the default): the checkpoint's own weights. A GGUF's Q4_0, Q4_1, Q5_x, Q8_0
+  and K-quant blocks serve as they are (gguf_weights.py), and 16-bit weights as 16-bit
+  (a bf16 or f16 checkpoint, a GGUF's F16 tensors: float16_weights.py), computed in
+  float32 with OpenVINO's dynamic quantization of activations off: it is on by default
+  for compressed weights, and on SmolLM2's Q4_1 it takes the answers outside the guard
+  below (perf/results/README.md). A float32 checkpoint serves its float32 IR.
 - `float32`: the dequantized float32 IR, the reference, as every checkpoint was served
   before; a lone greedy stream is drafted by its int8 copy (openvino_host.py).
 - `int8`: int8 weights per output channel from the float32 IR, not exact: served when
@@ -79,7 +78,8 @@ def served_weights(
             if native is None:  # nothing narrower than float32 to serve
                 return ServedWeights(full)
             candidate, replaced = native
-            what, extra = f"GGUF weights as shipped: {replaced}", NATIVE
+            origin = "GGUF" if spec.source.startswith("gguf:") else "checkpoint"
+            what, extra = f"{origin} weights as shipped: {replaced}", NATIVE
         probe = probe_sequences(tokenizer)
         measured = agreement(full, candidate, probe, properties | extra)
     except Exception as exc:
