@@ -20,6 +20,10 @@ Targets:
   shoal-torch         the same with `engine = "torch"`: Shoal's transformers engine
   shoal-int8          the same with `weights = "int8"`: OpenVINO with int8 weights (not
                       exact; served once the load-time agreement check passes)
+  shoal-bf16          `shoal` on a 16-bit checkpoint: SmolLM2's weights rounded to bf16
+                      and saved as one (no package ships a 16-bit SmolLM2; made once in
+                      the cache dir), served by default as its own 16-bit weights
+  shoal-bf16-float32  the same checkpoint with `weights = "float32"`: widened
   openvino            OpenVINO GenAI's ContinuousBatchingPipeline in process, float32
                       (the IR Shoal exports), stepped in one thread: the engine's limit
   openvino-native     the same on the IR with the GGUF's own blocks (Shoal's default)
@@ -43,6 +47,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +157,52 @@ async def _http_round(url: str, model: str, chats: list, c: int, max_tokens: int
 def _shoal(profile: dict[str, str], env: dict[str, str] | None = None) -> Iterator[str]:
     with local_stack(profile, model=GEN_MODEL, kind="generate", env=env) as stack:
         yield stack.base
+
+
+def bf16_checkpoint() -> Path:
+    """SmolLM2 as a bf16 checkpoint: its float32 conversion rounded to bf16 and saved
+    (once, in the cache dir beside that conversion). No package ships a 16-bit SmolLM2;
+    this one stands for one."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    source = Path(_model_dir())
+    checkpoint = source.parent / f"{source.name}-bf16"
+    if not (checkpoint / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
+        partial = checkpoint.with_name(f"{checkpoint.name}.{os.getpid()}")
+        model.save_pretrained(partial)
+        for item in source.iterdir():  # the tokenizer and chat template
+            if item.is_file() and not (partial / item.name).exists():
+                shutil.copy2(item, partial / item.name)
+        partial.rename(checkpoint)
+    return checkpoint
+
+
+def _bf16_spec(directory: Path) -> Path:
+    """A user spec serving GEN_MODEL from `bf16_checkpoint()`."""
+    spec = directory / "bf16.toml"
+    spec.write_text(
+        f'[[models]]\nid = "{GEN_MODEL}"\ntasks = ["generate"]\nruntime = "transformers"\n'
+        f'source = "{bf16_checkpoint()}"\nmax_length = 2048\n'
+    )
+    return spec
+
+
+@contextlib.contextmanager
+def _shoal_bf16(profile: dict[str, str]) -> Iterator[str]:
+    """`_shoal` on the bf16 checkpoint, with the built-in model's batching profile."""
+    import msgspec
+
+    from shoal.model_registry import ModelRegistry
+
+    shipped = msgspec.to_builtins(ModelRegistry.from_files().resolve(GEN_MODEL).profile)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = _bf16_spec(Path(tmp))
+        with local_stack(shipped | profile, model=GEN_MODEL, kind="generate", spec=spec) as stack:
+            yield stack.base
 
 
 @contextlib.contextmanager
@@ -324,6 +375,10 @@ def _served(target: str, threads: int):
         return _shoal({"engine": "torch"})
     if target == "shoal-int8":
         return _shoal({"weights": "int8"})
+    if target == "shoal-bf16":
+        return _shoal_bf16({})
+    if target == "shoal-bf16-float32":
+        return _shoal_bf16({"weights": "float32"})
     if target.startswith("llamacpp-np"):
         return llama_server(int(target.removeprefix("llamacpp-np")), threads)
     return None

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m perf weight-quality [--tokens 20000] [--tiers native,native-dq32,...]
         [--gguf FILE.gguf]   # another GGUF of the same model (a Q4_K_M, say): its blocks
+        [--bf16]             # SmolLM2 as a bf16 checkpoint: its 16-bit weights
 
 The load-time guard (shoal/workers/generation/weight_guard.py) reads ~190 answer positions;
 this reads >= `--tokens` positions the same way, teacher-forced, the way llama.cpp's
@@ -89,14 +90,19 @@ def run(args: argparse.Namespace) -> dict:
 
     settings = load_settings(None)
     spec = ModelRegistry.from_files().resolve(GEN_MODEL)
-    source = f"gguf:{Path(args.gguf).resolve()}" if args.gguf else spec.source
-    path = materialize_gguf(source, settings.cache_path)
+    if args.bf16:
+        from perf.bakeoff import bf16_checkpoint
+
+        source = path = str(bf16_checkpoint())
+    else:
+        source = f"gguf:{Path(args.gguf).resolve()}" if args.gguf else spec.source
+        path = materialize_gguf(source, settings.cache_path)
     command = export_command(settings.generator)
     full = openvino_ir(path, settings.cache_path, command)
     built = native_ir(source, full, settings.cache_path)
-    assert built is not None, f"{source} holds no blocks to serve"
+    assert built is not None, f"{source} holds no weights narrower than float32"
     native = built[0]
-    print(f"native blocks of {source}: {built[1]}", flush=True)
+    print(f"native weights of {source}: {built[1]}", flush=True)
     threads = {"INFERENCE_NUM_THREADS": args.threads}
     bf16 = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f32"}
     configs = {
@@ -146,7 +152,7 @@ def _markdown(report: dict) -> str:
     lines = [
         f"`{report['command']}` on {m['cpu']} ({m['cores']} cores; {m.get('flags', '')}).",
         "",
-        "Teacher-forced against the float32 model of the same GGUF (every position of "
+        "Teacher-forced against the float32 model of the same checkpoint (every position of "
         "half chat-templated, half plain sequences).",
         "",
         "| tier | positions | top-1 | mean KL (nats) | KL p99 | KL max |",
@@ -165,6 +171,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--tokens", type=int, default=20000)
     parser.add_argument("--tiers", default=TIERS)
     parser.add_argument("--gguf", default=None, help="a GGUF file instead of the built-in one")
+    parser.add_argument(
+        "--bf16", action="store_true", help="SmolLM2 as a bf16 checkpoint (perf bakeoff's)"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)

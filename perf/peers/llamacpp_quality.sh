@@ -8,6 +8,10 @@
 # shipped): the F16 holds the Q4_1 values rounded to f16, so it stands for the float
 # reference, and the Q8_0 / Q4_K_M errors are those of a second rounding. SmolLM2's rows
 # (576) are not multiples of 256, so llama.cpp's Q4_K_M stores most tensors as Q5_0.
+# Last, llama.cpp's own arithmetic on the shipped file against an F32 GGUF of it (the Q4_1
+# values exactly, float32 arithmetic): the reference Shoal's guard uses, so the figure
+# says how far llama.cpp's kernels (8-bit activations against 4-bit blocks) move answers
+# from the weights' exact result.
 # One thread at nice 19: about 3 minutes a model on the 2-core Xeon.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +32,7 @@ gguf = Path(sys.argv[1])
 tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 Path(sys.argv[2]).write_text("\n\n".join(tokenizer.decode(s) for s in _sequences(tokenizer, 20000)))
 EOF
-for type in F16 Q8_0 Q4_K_M; do
+for type in F32 F16 Q8_0 Q4_K_M; do
   nice -n 19 "$BIN/llama-quantize" --allow-requantize "$SHIPPED" "$WORK/$type.gguf" "$type" 2 \
     >"$WORK/quantize-$type.log" 2>&1
 done
@@ -39,3 +43,8 @@ for model in "$WORK/Q8_0.gguf" "$WORK/Q4_K_M.gguf" "$SHIPPED"; do
   run -m "$model" --kl-divergence-base "$WORK/base.kld" --kl-divergence >"$WORK/kl-$name.log" 2>&1
   echo "$name: $(grep -E 'Mean    KLD|Same top p' "$WORK/kl-$name.log" | tr -s ' ' | paste -sd ';')"
 done
+run -m "$WORK/F32.gguf" --kl-divergence-base "$WORK/base-f32.kld" >"$WORK/F32.log" 2>&1
+run -m "$SHIPPED" --kl-divergence-base "$WORK/base-f32.kld" --kl-divergence \
+  >"$WORK/kl-shipped-vs-f32.log" 2>&1
+echo "shipped vs F32: $(grep -E 'Mean    KLD|Same top p' "$WORK/kl-shipped-vs-f32.log" \
+  | tr -s ' ' | paste -sd ';')"
