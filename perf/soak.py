@@ -79,6 +79,14 @@ class Cluster:
         self._start("gateway")
         for model in (MODEL, RERANKER, GEN_MODEL):
             wait_until(lambda m=model: model_ready(self.base, m), 600, None, f"{model} ready")
+        # What the soak measures is the default engine: say so now, not at the host's fault
+        # (a missing optimum export falls back to transformers, which has no host).
+        engines = {
+            m["id"]: m.get("engine", "")
+            for m in httpx.get(f"{self.base}/v1/models", timeout=10).json()["data"]
+        }
+        if not engines.get(GEN_MODEL, "").startswith("openvino"):
+            raise RuntimeError(f"{GEN_MODEL} is not served by OpenVINO: {engines.get(GEN_MODEL)}")
 
     def _start(self, role: str) -> None:
         if role == "gateway":
