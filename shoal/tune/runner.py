@@ -271,14 +271,16 @@ async def tune(
                 served.update(candidate)
                 if restart:
                     await stack.wait_served(load, client)
+                # A chat answer takes seconds: a short step would count only a few, and
+                # its late backlog would pass for throughput.
+                step_s = step_seconds or (10.0 if generate else 2.0)
                 knee = await find_knee(
                     load,
                     fractions=FRACTIONS,
-                    # A chat answer takes seconds: a short step would count only a few, and
-                    # its late backlog would pass for throughput.
-                    step_seconds=step_seconds or (10.0 if generate else 2.0),
+                    step_seconds=step_s,
                     p99_bound=(p99_ms or (10_000.0 if generate else 1000.0)) / 1000,
-                    probe_seconds=8.0 if generate else 2.0,
+                    # The capacity probe of chat: as long as a step, 8 s at most.
+                    probe_seconds=min(8.0, step_s) if generate else 2.0,
                     warmup_seconds=1.0,
                     half_knee=False,
                 )
