@@ -157,10 +157,12 @@ def test_a_bf16_checkpoint_serves_its_16_bit_weights(nats_server, tmp_path, lm_d
     }
     engine, _ = _serve(nats_server.url, tmp_path, env)
     # Every matmul and the embedding: their values are the checkpoint's, so the guard
-    # finds the float32 copy's answers exactly.
+    # finds the float32 copy's answers exactly. 16-bit weights are twice the int8 draft's
+    # width: a lone greedy stream is drafted, as for float32 weights.
     assert engine.startswith(
         "openvino float32, checkpoint weights as shipped: BF16 x16 (top-1 1.0000, mean KL"
     ), engine
+    assert engine.endswith(", int8 draft when alone"), engine
 
     # The served graph's kernels read 16-bit weights, not a widened copy.
     [native] = [p.parent for p in (tmp_path / "cache").glob("openvino/*/native_weights.json")]

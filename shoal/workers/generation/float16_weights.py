@@ -3,8 +3,8 @@ tensors) read from 16-bit constants, not from their float32 copy.
 
 optimum exports every weight as a float32 constant, a 16-bit checkpoint's widened
 exactly, and a decode step reads every weight once: the float32 copy doubles what one
-stream reads. This puts each float32 weight constant whose values are all exactly f16
-(else all exactly bf16) back in that type, with a Convert to float32 that the CPU plugin
+stream reads. This puts each float32 weight constant whose values are all exactly bf16
+(else all exactly f16) back in that type, with a Convert to float32 that the CPU plugin
 fuses into the FullyConnected (and Gather) kernel that reads it: float32 activations
 times 16-bit weights, float32 arithmetic. Checked value by value, so the graph computes
 what the float32 copy did: a constant any value of which would round stays float32 (a
@@ -24,7 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["mark_decompression", "sixteen_bit_weights", "weight_constants"]
+__all__ = ["SIXTEEN_BIT", "mark_decompression", "sixteen_bit_weights", "weight_constants"]
+
+SIXTEEN_BIT = frozenset({"F16", "BF16"})
+"""What `sixteen_bit_weights` counts, as GGUF names the types."""
 
 
 def weight_constants(model) -> Iterable:
@@ -38,7 +41,7 @@ def weight_constants(model) -> Iterable:
 
 def sixteen_bit_weights(model) -> dict[str, int]:
     """Replace, in the OpenVINO `model`, every float32 weight constant whose values are
-    all exactly f16 (else bf16) by that 16-bit constant and a Convert to float32; how many
+    all exactly bf16 (else f16) by that 16-bit constant and a Convert to float32; how many
     of each type ("F16", "BF16", as GGUF names them)."""
     import openvino as ov
     from openvino import opset13 as ops
@@ -61,17 +64,19 @@ def sixteen_bit_weights(model) -> dict[str, int]:
 
 
 def _narrowed(w: np.ndarray, ov) -> tuple[str, object] | None:
-    """("F16", an f16 array) or ("BF16", a bf16 tensor) holding exactly `w`'s values, or
-    None where neither does."""
-    half = w.astype(np.float16)
-    if np.array_equal(half.astype(np.float32), w):
-        return "F16", half
+    """("BF16", a bf16 tensor) or ("F16", an f16 array) holding exactly `w`'s values, or
+    None where neither does. bf16 first: widening it is a shift, and its kernels ran
+    faster than f16's on one stream (perf/results/README.md); a bf16 checkpoint's values
+    are often f16 values too, an f16 checkpoint's seldom bf16 ones."""
     bits = np.ascontiguousarray(w).view(np.uint32)
     if not (bits & 0xFFFF).any():  # bf16 is float32's upper half
         # A tensor of OpenVINO's own: one made over a numpy array would only borrow it.
         tensor = ov.Tensor(ov.Type.bf16, ov.Shape(list(w.shape)))
         tensor.data[:] = (bits >> 16).astype(np.uint16).view(tensor.data.dtype)
         return "BF16", tensor
+    half = w.astype(np.float16)
+    if np.array_equal(half.astype(np.float32), w):
+        return "F16", half
     return None
 
 

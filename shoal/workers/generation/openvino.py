@@ -30,12 +30,12 @@ transformers' float32 token for token (tested). `dtype = "bfloat16"` asks for Op
 own default on a CPU with native bf16, faster and not exact. LoRA and `top_logprobs`
 requests go to the transformers engine, which serves the float32 weights.
 
-Speculative decoding (`generator.openvino_draft_tokens`, 4 by default): where the float32
-weights serve, a greedy sequence that runs alone is decoded by a second pipeline in the
-same process, where the model's int8 export drafts tokens and the float32 model checks
+Speculative decoding (`generator.openvino_draft_tokens`, 4 by default): where float32 or
+16-bit weights serve, a greedy sequence that runs alone is decoded by a second pipeline in
+the same process, where the model's int8 export drafts tokens and the served model checks
 them (openvino_host.py says how, and how the sequence moves to the main batch once
-another arrives; one stream's gain is in perf/results/README.md). Narrower served weights
-read fewer bytes than that draft, so they are not drafted.
+another arrives; one stream's gain is in perf/results/README.md). A GGUF's blocks and int8
+weights read no more bytes than that draft, so they are not drafted.
 
 The IR is exported once (openvino_export.py) and cached in the cache dir.
 """
@@ -161,9 +161,11 @@ class OpenVINORuntime(GenerationRuntime):
             self.spec, path, self._cache_dir, self._settings, self.tokenizer, properties
         )
         self._weights = weights.label
+        # A draft only pays where the served weights are much wider than its int8. It
+        # compiles without the served weights' own properties (the native tier turns
+        # dynamic quantization off for exactness; the served model checks the draft).
+        assist = self._assist(path, dict(properties)) if weights.drafted else None
         properties |= weights.properties
-        # A draft only pays where the served weights are much wider than its int8.
-        assist = self._assist(path) if self._weights is None else None
         self._host_args = (str(weights.ir), scheduler, properties, assist)
         self._spawn()
         log.info(
@@ -269,13 +271,12 @@ class OpenVINORuntime(GenerationRuntime):
     @property
     def engine_name(self) -> str:
         precision = "float32" if self.spec.profile.dtype == "float32" else "the CPU's fastest"
-        if self._weights is not None:
-            return f"openvino {precision}, {self._weights}"
+        said = [self._weights] if self._weights is not None else []
         if self._assisted:
-            return f"openvino {precision}, int8 draft when alone"
-        return f"openvino {precision}"
+            said.append("int8 draft when alone")
+        return ", ".join([f"openvino {precision}", *said])
 
-    def _assist(self, path: str) -> dict[str, object] | None:
+    def _assist(self, path: str, properties: dict[str, object]) -> dict[str, object] | None:
         """The lone-sequence speculative pipeline's arguments (openvino_host.py says
         how it runs), or None: switched off, or no int8 draft could be exported."""
         tokens = self._settings.openvino_draft_tokens
@@ -290,7 +291,12 @@ class OpenVINORuntime(GenerationRuntime):
         blocks = 2 * -(-self._context // _KV_BLOCK) + 8
         scheduler = {"num_kv_blocks": blocks, "cache_size": 0, "max_num_seqs": 2,
                      "dynamic_split_fuse": True, "enable_prefix_caching": True}  # fmt: skip
-        return {"draft": str(draft), "scheduler": scheduler, "tokens": tokens}
+        return {
+            "draft": str(draft),
+            "scheduler": scheduler,
+            "tokens": tokens,
+            "properties": properties,
+        }
 
     # Talking to the pipeline's process ------------------------------------------------------
 

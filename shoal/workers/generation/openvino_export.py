@@ -33,7 +33,7 @@ __all__ = ["export_command", "native_ir", "openvino_ir"]
 log = logging.getLogger(__name__)
 
 _EXPORT_TIMEOUT = 3600.0
-_NATIVE_VERSION = "3"  # bump when the graph built differs (2: K-quants and Q5_x; 3: 16-bit)
+_NATIVE_VERSION = "4"  # bump when the graph built differs (2: K-quants, Q5_x; 3, 4: 16-bit)
 _MODEL_FILES = ("openvino_model.xml", "openvino_model.bin")
 
 

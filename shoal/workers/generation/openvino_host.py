@@ -67,8 +67,8 @@ def host(
 ) -> None:
     """The child process's whole life: load the pipelines, then step while there is work.
 
-    `assist`: `{"draft": IR path, "scheduler": {...}, "tokens": n}` for the lone-sequence
-    speculative pipeline, or None."""
+    `assist`: `{"draft": IR path, "scheduler": {...}, "tokens": n, "properties": {...}}`
+    (the draft's compile properties) for the lone-sequence speculative pipeline, or None."""
     from ...lifecycle import die_with_parent
 
     die_with_parent()  # the worker's last-resort exit must not leave the pipeline running
@@ -87,7 +87,7 @@ def host(
     assisted = None
     if assist is not None:
         try:
-            draft = og.draft_model(assist["draft"], "CPU", **properties)
+            draft = og.draft_model(assist["draft"], "CPU", **assist["properties"])
             assisted = og.ContinuousBatchingPipeline(
                 ir, _scheduler(og, assist["scheduler"]), "CPU", properties | {"draft_model": draft}
             )

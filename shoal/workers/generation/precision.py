@@ -28,6 +28,7 @@ import msgspec
 
 from ...config import GeneratorSettings
 from ...model_registry import ModelSpec
+from .float16_weights import SIXTEEN_BIT
 from .openvino_export import export_command, native_ir, openvino_ir
 from .weight_guard import Agreement, agreement, probe_sequences
 
@@ -52,6 +53,10 @@ class ServedWeights(msgspec.Struct, frozen=True):
     float32 weights."""
     properties: dict[str, object] = {}
     """Compile properties these weights need beside the runtime's own."""
+    drafted: bool = True
+    """Whether a lone greedy stream is drafted by the int8 export: it pays where a step
+    reads at least twice the draft's bytes (float32 and 16-bit weights), not for a GGUF's
+    blocks or int8 weights."""
 
 
 def served_weights(
@@ -72,7 +77,7 @@ def served_weights(
     try:
         if tier == "int8":
             candidate = openvino_ir(path, cache_dir, export_command(settings), "int8")
-            what, extra = "int8 weights", {}
+            what, extra, drafted = "int8 weights", {}, False
         else:
             native = native_ir(spec.source, full, cache_dir)
             if native is None:  # nothing narrower than float32 to serve
@@ -80,6 +85,7 @@ def served_weights(
             candidate, replaced = native
             origin = "GGUF" if spec.source.startswith("gguf:") else "checkpoint"
             what, extra = f"{origin} weights as shipped: {replaced}", NATIVE
+            drafted = set(replaced.replaced) <= SIXTEEN_BIT
         probe = probe_sequences(tokenizer)
         measured = agreement(full, candidate, probe, properties | extra)
     except Exception as exc:
@@ -94,7 +100,7 @@ def served_weights(
         )  # fmt: skip
         return ServedWeights(full)
     log.info("%s: serving %s (%s on %d probe positions)", spec.id, what, said, measured.positions)
-    return ServedWeights(candidate, f"{what} ({said})", extra)
+    return ServedWeights(candidate, f"{what} ({said})", extra, drafted)
 
 
 def _failed(tier: str, measured: Agreement, settings: GeneratorSettings) -> str:
