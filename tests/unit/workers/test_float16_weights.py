@@ -6,7 +6,6 @@ widened), beside one whose values are not (a float32 checkpoint's)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +13,16 @@ import pytest
 
 ov = pytest.importorskip("openvino")
 
-from openvino import opset13 as ops  # noqa: E402
-
 from shoal.workers.generation.float16_weights import (  # noqa: E402
     mark_decompression,
     sixteen_bit_weights,
 )
 from shoal.workers.generation.weight_guard import EXACT  # noqa: E402
+from tests.unit.workers.weight_graphs import (  # noqa: E402
+    assert_serves,
+    exported_graph,
+    kernel_weights,
+)
 
 HIDDEN, VOCAB = 64, 32
 
@@ -52,47 +54,20 @@ def exported() -> dict[str, np.ndarray]:
     }
 
 
-def _graph(exported: dict[str, np.ndarray]):
-    x = ops.parameter([-1, HIDDEN], ov.Type.f32, name="x")
-    ids = ops.parameter([-1], ov.Type.i64, name="ids")
-    outputs = []
-    for name, w in exported.items():
-        const = ops.constant(w)
-        const.set_friendly_name(f"self.{name}.weight")
-        if name == "model.embed_tokens":
-            outputs.append(ops.gather(const, ids, 0))
-        else:
-            outputs.append(ops.matmul(x, const, False, True))
-    return ov.Model([o.output(0) for o in outputs], [x, ids], "tiny")
-
-
 def test_16_bit_weights_serve_as_16_bit_and_compute_what_float32_did(
     exported, tmp_path: Path
 ) -> None:
-    model = _graph(exported)
+    model = exported_graph(exported, HIDDEN)
     assert sixteen_bit_weights(model) == {"F16": 1, "BF16": 2}
     xml = tmp_path / "openvino_model.xml"
     ov.save_model(model, str(xml), compress_to_fp16=False)
     assert mark_decompression(xml) == 3  # each Convert of a 16-bit weight
 
     compiled = ov.Core().compile_model(str(xml), "CPU", EXACT)
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((5, HIDDEN)).astype(np.float32)
-    ids = np.array([0, 3, 31, 7], dtype=np.int64)
-    served = compiled({"x": x, "ids": ids})
-    for k, (name, w) in enumerate(exported.items()):
-        want = w[ids] if name == "model.embed_tokens" else x @ w.T
-        got = served[compiled.outputs[k]]
-        # The same weights in float32 arithmetic: equal but for the order of the sums.
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max(), err_msg=name)
-
+    # The same weights in float32 arithmetic: equal but for the order of the sums.
+    assert_serves(compiled, exported, HIDDEN, 1e-6)
     # The compiled kernels read the 16-bit weights, not a float32 copy.
-    weights = Counter()
-    for op in compiled.get_runtime_model().get_ops():
-        kind = op.get_rt_info()["layerType"].astype(str)
-        if kind in ("FullyConnected", "Gather"):
-            port = 1 if kind == "FullyConnected" else 0
-            weights[kind, op.input(port).get_element_type().get_type_name()] += 1
+    weights = kernel_weights(compiled)
     assert weights == {
         ("FullyConnected", "f16"): 1,
         ("FullyConnected", "bf16"): 1,
@@ -102,5 +77,5 @@ def test_16_bit_weights_serve_as_16_bit_and_compute_what_float32_did(
 
 
 def test_a_float32_checkpoint_keeps_every_weight(exported) -> None:
-    model = _graph({"lm_head": exported["lm_head"]})
+    model = exported_graph({"lm_head": exported["lm_head"]}, HIDDEN)
     assert sixteen_bit_weights(model) == {}

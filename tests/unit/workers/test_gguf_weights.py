@@ -7,7 +7,6 @@ graph stands for optimum's export: named float32 constants into MatMul and Gathe
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,13 @@ import pytest
 gguf = pytest.importorskip("gguf")
 ov = pytest.importorskip("openvino")
 
-from openvino import opset13 as ops  # noqa: E402
-
 from shoal.workers.generation.gguf_weights import native_weights  # noqa: E402
 from shoal.workers.generation.weight_guard import EXACT  # noqa: E402
+from tests.unit.workers.weight_graphs import (  # noqa: E402
+    assert_serves,
+    exported_graph,
+    kernel_weights,
+)
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, HEADS, KV_HEADS, VOCAB = 256, 2, 1, 16  # K-quant rows are whole super-blocks of 256
@@ -98,25 +100,9 @@ def checkpoint(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     return path, exported
 
 
-def _graph(exported: dict[str, np.ndarray]):
-    """optimum's shape: `self.<name>.weight` constants into MatMul (and the embedding's
-    Gather); every weight's output concatenated."""
-    x = ops.parameter([-1, HIDDEN], ov.Type.f32, name="x")
-    ids = ops.parameter([-1], ov.Type.i64, name="ids")
-    outputs = []
-    for name, w in exported.items():
-        const = ops.constant(w)
-        const.set_friendly_name(f"self.{name}.weight")
-        if name == "model.embed_tokens":
-            outputs.append(ops.gather(const, ids, 0))
-        else:
-            outputs.append(ops.matmul(x, const, False, True))
-    return ov.Model([o.output(0) for o in outputs], [x, ids], "tiny")
-
-
 def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
     path, exported = checkpoint
-    model = _graph(exported)
+    model = exported_graph(exported, HIDDEN)
     done = native_weights(model, path)
 
     assert done.replaced == {
@@ -127,26 +113,11 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
         "lm_head": "Q3_K blocks are not served as blocks yet",
     }
 
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((5, HIDDEN)).astype(np.float32)
-    ids = np.array([0, 3, 15, 7], dtype=np.int64)
     compiled = ov.Core().compile_model(model, "CPU", EXACT)
-    served = compiled({"x": x, "ids": ids})
-    for k, (name, w) in enumerate(exported.items()):
-        want = w[ids] if name == "model.embed_tokens" else x @ w.T
-        got = served[compiled.outputs[k]]
-        # The file's value within float32 rounding (Q4_1's minimum is a float zero point).
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=name)
-
+    # The file's value within float32 rounding (Q4_1's minimum is a float zero point).
+    assert_serves(compiled, exported, HIDDEN, 1e-5)
     # The compiled kernels read the codes, not a float32 copy.
-    weights = Counter()
-    for op in compiled.get_runtime_model().get_ops():
-        kind = op.get_rt_info()["layerType"].astype(str)
-        if kind in ("FullyConnected", "Gather"):
-            weights[
-                kind,
-                op.input(1 if kind == "FullyConnected" else 0).get_element_type().get_type_name(),
-            ] += 1
+    weights = kernel_weights(compiled)
     assert weights["FullyConnected", "u4"] == 3  # Q4_1, Q4_0 and Q4_K
     assert weights["FullyConnected", "u8"] == 3  # the 5-bit codes of Q5_0, Q5_1 and Q5_K
     assert weights["FullyConnected", "i8"] == 1  # Q8_0
@@ -157,5 +128,5 @@ def test_quantized_weights_serve_as_the_files_blocks(checkpoint) -> None:
 def test_a_graph_without_matching_names_is_left_alone(checkpoint) -> None:
     path, exported = checkpoint
     renamed = {f"other.{name}": w for name, w in exported.items() if name != "model.embed_tokens"}
-    done = native_weights(_graph(renamed), path)
+    done = native_weights(exported_graph(renamed, HIDDEN), path)
     assert done.replaced == {} and done.kept == {}
