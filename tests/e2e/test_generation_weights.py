@@ -149,6 +149,7 @@ def test_a_bf16_checkpoint_serves_its_16_bit_weights(nats_server, tmp_path, lm_d
     import openvino as ov
 
     from shoal.workers.generation.weight_guard import EXACT
+    from tests.weight_graphs import kernel_weights
 
     checkpoint = _bf16_checkpoint(tmp_path / "bf16", lm_dir)
     env = {
@@ -167,12 +168,8 @@ def test_a_bf16_checkpoint_serves_its_16_bit_weights(nats_server, tmp_path, lm_d
     # The served graph's kernels read 16-bit weights, not a widened copy.
     [native] = [p.parent for p in (tmp_path / "cache").glob("openvino/*/native_weights.json")]
     compiled = ov.Core().compile_model(str(native / "openvino_model.xml"), "CPU", EXACT)
-    matmuls, gathers = [], []
-    for op in compiled.get_runtime_model().get_ops():
-        kind = op.get_rt_info()["layerType"].astype(str)
-        if kind == "FullyConnected":  # the 14 projections and lm_head
-            matmuls.append(op.input(1).get_element_type().get_type_name())
-        elif kind == "Gather":  # the embedding's, among index lookups
-            gathers.append(op.input(0).get_element_type().get_type_name())
-    assert matmuls and set(matmuls) == {"bf16"}, matmuls
-    assert gathers.count("bf16") == 1, gathers
+    weights = kernel_weights(compiled)
+    # The 14 projections and lm_head; the embedding's Gather among index lookups.
+    matmuls = {t for kind, t in weights if kind == "FullyConnected"}
+    assert matmuls == {"bf16"}, weights
+    assert weights["Gather", "bf16"] == 1, weights

@@ -107,7 +107,8 @@ def mark_decompression(xml_path: Path) -> int:
             if rt_info.find("attribute[@name='decompression']") is None:
                 ET.SubElement(rt_info, "attribute", name="decompression", version="0")
             marked += 1
-    tree.write(xml_path, encoding="utf-8", xml_declaration=True)
+    if marked:  # an IR with no 16-bit weight (a GGUF's blocks alone) stays as saved
+        tree.write(xml_path, encoding="utf-8", xml_declaration=True)
     return marked
 
 

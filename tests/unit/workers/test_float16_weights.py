@@ -18,7 +18,7 @@ from shoal.workers.generation.float16_weights import (  # noqa: E402
     sixteen_bit_weights,
 )
 from shoal.workers.generation.weight_guard import EXACT  # noqa: E402
-from tests.unit.workers.weight_graphs import (  # noqa: E402
+from tests.weight_graphs import (  # noqa: E402
     assert_serves,
     exported_graph,
     kernel_weights,

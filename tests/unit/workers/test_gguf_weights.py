@@ -17,7 +17,7 @@ ov = pytest.importorskip("openvino")
 
 from shoal.workers.generation.gguf_weights import native_weights  # noqa: E402
 from shoal.workers.generation.weight_guard import EXACT  # noqa: E402
-from tests.unit.workers.weight_graphs import (  # noqa: E402
+from tests.weight_graphs import (  # noqa: E402
     assert_serves,
     exported_graph,
     kernel_weights,

@@ -1,6 +1,7 @@
 """An OpenVINO graph shaped like optimum's export of a causal LM (named float32 weight
-constants into MatMul, the embedding's into Gather), and what its compiled kernels read:
-for the tests of the weights the native tier puts back (GGUF blocks, 16-bit weights)."""
+constants into MatMul, the embedding's into Gather), and what a compiled model's kernels
+read: for the tests of the weights the native tier puts back (GGUF blocks, 16-bit
+weights), in a graph of their own or a served model's IR."""
 
 from __future__ import annotations
 
