@@ -27,9 +27,12 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from ._graph_cache import cached_graph
 
 __all__ = ["OpenVinoGraph", "available", "side_by_side"]
 
@@ -60,21 +63,33 @@ def available() -> bool:
 
 class OpenVinoGraph:
     """`module(**inputs)` (int64 arrays of shape (rows, tokens), one float output) in
-    OpenVINO."""
+    OpenVINO; converted once per `cache_dir` (see `_graph_cache`)."""
 
-    def __init__(self, module: torch.nn.Module, inputs: Mapping[str, np.ndarray], bf16: bool):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        inputs: Mapping[str, np.ndarray],
+        bf16: bool,
+        cache_dir: Path | None = None,
+    ):
         import openvino as ov
 
         self.names = list(inputs)
-        example = tuple(torch.from_numpy(inputs[name]) for name in self.names)
-        # The tracer warns of Python branches on shapes (transformers' attention-mask
-        # checks); for these encoders they take the same side at every shape, which the
-        # tests check by comparing varied batches with torch.
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            self._model = ov.convert_model(
-                module, example_input=example, input=[ov.PartialShape([-1, -1])] * len(example)
-            )
+
+        def convert() -> ov.Model:
+            example = tuple(torch.from_numpy(inputs[name]) for name in self.names)
+            # The tracer warns of Python branches on shapes (transformers' attention-mask
+            # checks); for these encoders they take the same side at every shape, which
+            # the tests check by comparing varied batches with torch.
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                return ov.convert_model(
+                    module,
+                    example_input=example,
+                    input=[ov.PartialShape([-1, -1])] * len(example),
+                )
+
+        self._model = cached_graph(cache_dir, module, self.names, convert)
         self._core = ov.Core()
         self.precision = "bf16" if bf16 else "f32"
         self._compiled: dict[tuple[int, int], ov.CompiledModel] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,6 +70,7 @@ class TorchAdapter(EncoderAdapter):
     """Whether the engine runs `_packed` (else padded batches, or no engine)."""
     _token_types: bool = False
     """Whether the model takes token type ids (set by `load` from its tokenizer)."""
+    cache_dir: Path | None = None  # where converted engine graphs are kept (`_graph_cache`)
 
     def _set_precision(self, model: torch.nn.Module) -> None:
         """Apply the profile's dtype to a freshly loaded `model` (on `self.device`)."""
@@ -131,7 +133,7 @@ class TorchAdapter(EncoderAdapter):
             if engine is not None:
                 self._engine, self._engine_packs = engine, True
                 return
-        compiled = _openvino.OpenVinoGraph(graph, example, bf16=bf16)
+        compiled = _openvino.OpenVinoGraph(graph, example, bf16, self.cache_dir)
         if self.spec.profile.engine == "auto":
             threads = torch.get_num_threads()
             worst = self._probe_agreement(
@@ -185,7 +187,7 @@ class TorchAdapter(EncoderAdapter):
 
         def compile_it() -> Callable[[list[Tokenized]], np.ndarray]:
             example = self._packed_inputs(tokenizer.texts(["a", "b"]), packed)
-            engine = _openvino.OpenVinoGraph(packed, example, bf16)
+            engine = _openvino.OpenVinoGraph(packed, example, bf16, self.cache_dir)
             compiled.append(engine)
             threads = torch.get_num_threads()
             return lambda rows: engine(self._packed_inputs(rows, packed), threads)

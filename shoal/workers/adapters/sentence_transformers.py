@@ -48,8 +48,15 @@ class SentenceTransformerAdapter(TorchAdapter):
 
     ops = frozenset({"embed", "multivector"})
 
-    def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: str = "auto",
+        max_loras: int = 8,
+        cache_dir: Path | None = None,
+    ) -> None:
         super().__init__(spec)
+        self.cache_dir = cache_dir
         self.device = pick_device(device)
         self.max_loras = max_loras
         self.model: SentenceTransformer | None = None

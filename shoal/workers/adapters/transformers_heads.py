@@ -15,6 +15,7 @@ batches), where the load-time check holds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,8 +44,15 @@ class TransformersHeadAdapter(TorchAdapter):
 
     ops = frozenset({"ner", "classify", "rerank", "sparse"})
 
-    def __init__(self, spec: ModelSpec, device: str = "auto", max_loras: int = 8) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: str = "auto",
+        max_loras: int = 8,
+        cache_dir: Path | None = None,
+    ) -> None:
         super().__init__(spec)
+        self.cache_dir = cache_dir
         self.device = pick_device(device)
         self.max_loras = max_loras
         self.model: torch.nn.Module | None = None

@@ -138,7 +138,7 @@ class EncoderKind(WorkerKind):
     async def add_model(self, spec: ModelSpec) -> None:
         w = self.settings.worker
         adapter = self._preset.get(spec.id) or make_adapter(
-            spec, w.device, w.max_adapters_per_model
+            spec, w.device, w.max_adapters_per_model, self.settings.cache_path
         )
         self.models[spec.id] = EncoderModel(spec, adapter, self._clock)
 
