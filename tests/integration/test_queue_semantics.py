@@ -4,6 +4,7 @@ dummy adapter against a real nats-server, driven through the gateway's Dispatche
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -168,6 +169,43 @@ async def test_a_job_goes_round_trip(harness: Harness) -> None:
     await harness.add_worker()
     texts = ["one two", "three", "four five six"]
     np.testing.assert_allclose(await harness.embed(texts), expected(texts), rtol=1e-6)
+
+
+class GatedLoadAdapter(DummyAdapter):
+    """Its load waits for `release`: a pinned model that takes long to load."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self.release = threading.Event()
+
+    def load(self, path: str) -> None:
+        assert self.release.wait(30)
+
+
+async def test_a_pinned_model_serves_while_the_next_pinned_one_still_loads(harness) -> None:
+    # Before, a worker scheduled no pass until every pinned model had loaded: after a
+    # restart under load, embeddings waited for the reranker's load too.
+    second = msgspec.structs.replace(SPEC, id="dummy/second")
+    gated = GatedLoadAdapter(second)
+    harness.settings.worker.pinned = [SPEC.id, second.id]
+    bus = await Bus.connect(harness.settings.nats, "test-worker")
+    registry = LiveRegistry(ModelRegistry([SPEC, second]))
+    worker = EncoderWorker(
+        harness.settings, bus, registry, [DummyAdapter(SPEC), gated], payloads=harness.payloads
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    harness.workers.append((worker, stop, task))  # stopped by the harness
+    try:
+        texts = ["one two", "three"]
+        np.testing.assert_allclose(await harness.embed(texts, timeout=10), expected(texts))
+        assert worker.state == "loading" and not task.done()  # the second is still loading
+    finally:
+        gated.release.set()
+    deadline = time.monotonic() + 10
+    while worker.state != "ready":
+        assert time.monotonic() < deadline and not task.done()
+        await asyncio.sleep(0.02)
 
 
 async def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(harness) -> None:

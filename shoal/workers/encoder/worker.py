@@ -172,10 +172,12 @@ class EncoderKind(WorkerKind):
                 await self.loader.forget_removed_loras(model)
 
     async def start(self) -> None:
+        # Scheduling first: each pinned model serves what waited for it as soon as it is
+        # resident, while the next one loads (a restart under load answers sooner).
+        self._scheduler = asyncio.create_task(self._schedule())
         for model in list(self.models.values()):
             if model.spec.id in self.residency.pinned:
                 await self._make_resident(model)
-        self._scheduler = asyncio.create_task(self._schedule())
 
     async def stop(self) -> None:
         if self._scheduler is not None:
