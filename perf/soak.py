@@ -166,20 +166,37 @@ def process_usage(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
-async def _jetstream(nats_url: str) -> dict:
-    """The JetStream state a leak would show in: the work stream's depth, and the
-    account's streams, consumers and bytes held (file and memory). Empty while the server
-    is down."""
-    import nats
+async def _quiet(_: Exception) -> None:
+    pass
 
-    try:
-        nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=0)
-    except Exception:
-        return {}
-    try:
-        js = nc.jetstream()
-        account = await js.account_info()
-        work = await js.stream_info("SHOAL_WORK")
+
+class JetStreamProbe:
+    """The JetStream state a leak would show in: the work stream's depth, and the
+    account's streams, consumers and bytes held (file and memory). One connection for the
+    whole run, reconnecting after the nats-server fault, so the probe itself adds no
+    connection churn to the server it measures. Empty while the server is down."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.nc = None
+
+    async def state(self) -> dict:
+        import nats
+
+        try:
+            if self.nc is None or self.nc.is_closed:
+                self.nc = await nats.connect(
+                    self.url,
+                    connect_timeout=2,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=1,
+                    error_cb=_quiet,  # the nats-server fault is expected
+                )
+            js = self.nc.jetstream(timeout=2)
+            account = await js.account_info()
+            work = await js.stream_info("SHOAL_WORK")
+        except Exception:
+            return {}
         return {
             "stream_messages": work.state.messages,
             "streams": account.streams,
@@ -187,10 +204,10 @@ async def _jetstream(nats_url: str) -> dict:
             "storage_bytes": account.storage,
             "memory_bytes": account.memory,
         }
-    except Exception:
-        return {}
-    finally:
-        await nc.close()
+
+    async def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            await self.nc.close()
 
 
 async def soak(
@@ -206,6 +223,7 @@ async def soak(
     samples: list[dict] = []
     injected: list[dict] = []
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=100)
+    probe = JetStreamProbe(cluster.nats.url)
     async with httpx.AsyncClient(base_url=cluster.base, timeout=60, limits=limits) as client:
         batch_id = await _start_batch(client, lines)
         began = time.monotonic()
@@ -218,7 +236,7 @@ async def soak(
                 injected.append({"fault": fault, "at": now})
                 print(f"soak: {now:6.1f} s: {fault} killed", flush=True)
             if now >= next_sample:
-                samples.append(await _sample(cluster, traffic.sent, now))
+                samples.append(await _sample(cluster, traffic.sent, now, probe))
                 next_sample += SAMPLE_S
             slots += 1
             if len(pending) < 400:  # bounded: a stalled server holds at most this many
@@ -231,12 +249,13 @@ async def soak(
         if pending:
             await asyncio.wait(pending, timeout=90)
         batch = await _finish_batch(client, batch_id, lines, deadline=time.monotonic() + 900)
+    await probe.close()
     report = _report(traffic.sent, samples, injected, batch, minutes, rate)
     report["skipped"] = skipped  # not sent: 400 already waiting
     return report
 
 
-async def _sample(cluster: Cluster, sent: list[Sent], now: float) -> dict:
+async def _sample(cluster: Cluster, sent: list[Sent], now: float, probe: JetStreamProbe) -> dict:
     window = [s for s in sent if s.status and now - SAMPLE_S <= s.started + s.seconds <= now]
     routes = {}
     for route in SHARES:
@@ -254,7 +273,7 @@ async def _sample(cluster: Cluster, sent: list[Sent], now: float) -> dict:
         "fds": {role: u[1] for role, u in usage.items()},
         "routes": routes,
         "statuses": statuses,
-        **await _jetstream(cluster.nats.url),
+        **await probe.state(),
     }
 
 
@@ -289,6 +308,8 @@ async def _finish_batch(
             break
         await asyncio.sleep(2)
     result = {"lines": lines, "status": batch.get("status"), "counts": batch.get("request_counts")}
+    if batch.get("completed_at") and batch.get("created_at"):  # when live traffic had it beside
+        result["ran_s"] = batch["completed_at"] - batch["created_at"]
     if batch.get("output_file_id"):
         out = await client.get(f"/v1/files/{batch['output_file_id']}/content")
         ids = [json.loads(line) for line in out.text.splitlines() if line.strip()]
