@@ -13,6 +13,7 @@ from its saved copy too, so a first start and a restart serve the same graph.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 from collections.abc import Callable, Sequence
@@ -57,8 +58,9 @@ def graph_key(module: torch.nn.Module, names: Sequence[str]) -> str:
     add(_code_digest())
     for sub in module.modules():
         config = getattr(sub, "config", None)
-        if hasattr(config, "to_json_string"):
-            add(config.to_json_string(use_diff=False))
+        if hasattr(config, "to_dict"):  # where it was loaded from is no part of it
+            settings = {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}
+            add(json.dumps(settings, sort_keys=True, default=str))
             add(str(getattr(config, "_attn_implementation", "")))
     for name, tensor in module.state_dict().items():
         add(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}")

@@ -88,6 +88,9 @@ def test_the_key_follows_the_weights_the_configuration_and_the_inputs() -> None:
     names = ["input_ids", "attention_mask"]
     key = _graph_cache.graph_key(_tiny_bert(), names)
     assert _graph_cache.graph_key(_tiny_bert(), names) == key  # the same model: the same key
+    moved = _tiny_bert()
+    moved.config._name_or_path = "/elsewhere/the-same-model"
+    assert _graph_cache.graph_key(moved, names) == key  # wherever its files are
 
     nudged = _tiny_bert()
     with torch.no_grad():
