@@ -26,6 +26,7 @@ from ..queue.messages import Result
 from .endpoints import batchable
 from .gateway import Gateway, JobsRequest, Target
 from .generation import Generation
+from .json_lines import one_line
 
 __all__ = [
     "BATCH_ENDPOINTS",
@@ -39,25 +40,6 @@ __all__ = [
 ]
 
 SSE = "text/event-stream"
-_encode_json = msgspec.json.Encoder().encode
-_LINE_BREAKS_JSON_KEEPS = (
-    (b"\xc2\x85", b"\\u0085"),
-    (b"\xe2\x80\xa8", b"\\u2028"),
-    (b"\xe2\x80\xa9", b"\\u2029"),
-)
-"""Characters JSON may carry raw that `str.splitlines` ends a line at (NEL, LINE and
-PARAGRAPH SEPARATOR): clients that split a stream that way (httpx's `aiter_lines`,
-requests' `iter_lines(decode_unicode=True)`) would cut an event in two. Outside a JSON
-string every byte is ASCII, so these bytes are inside one and their escapes mean the same."""
-
-
-def _event_json(event: msgspec.Struct) -> bytes:
-    """`event` as JSON for one `data:` line that every line splitter keeps whole."""
-    data = _encode_json(event)
-    for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
-        if raw in data:
-            data = data.replace(raw, escaped)
-    return data
 
 
 class TaskRequest(JobsRequest, Protocol):
@@ -136,9 +118,9 @@ async def _sse(events: AsyncIterator[msgspec.Struct], done: bool) -> AsyncIterat
             # The Responses API names each event in an `event:` line too.
             kind = getattr(event, "type", None)
             named = b"event: " + kind.encode() + b"\n" if isinstance(kind, str) else b""
-            yield named + b"data: " + _event_json(event) + b"\n\n"
+            yield named + b"data: " + one_line(event) + b"\n\n"
     except ShoalError as exc:
-        yield b"data: " + _event_json(exc.to_response()) + b"\n\n"
+        yield b"data: " + one_line(exc.to_response()) + b"\n\n"
     if done:
         yield b"data: [DONE]\n\n"
 

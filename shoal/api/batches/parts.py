@@ -18,6 +18,7 @@ import msgspec
 
 from ...compat.openai.batches import BatchOutputError, BatchOutputLine, BatchOutputResponse
 from ...queue.objects import ObjectStore, ObjectStoreError
+from ..json_lines import one_line
 
 __all__ = ["LineOutcome", "PartWriter", "load_parts", "part_prefix", "render", "save_part"]
 
@@ -42,7 +43,6 @@ class LineOutcome(NamedTuple):
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(list[LineOutcome]).decode
-_encode_json = msgspec.json.Encoder().encode
 
 
 def part_prefix(batch_id: str) -> str:
@@ -110,4 +110,4 @@ def render(batch_id: str, outcome: LineOutcome) -> bytes:
             status_code=outcome.status, request_id=rid, body=msgspec.Raw(outcome.body)
         )
         line = BatchOutputLine(id=rid, custom_id=outcome.custom_id, response=response, error=None)
-    return _encode_json(line) + b"\n"
+    return one_line(line) + b"\n"

@@ -19,6 +19,7 @@ from ..admission import Admission, current_principal
 from ..answer import BATCH_ENDPOINTS
 from ..batch_store import BatchRecord, BatchStore, LeaseLostError
 from ..endpoints import route_group
+from ..json_lines import one_line
 from .lines import InputLine, LineError, TooLong, check_line, custom_id_of, input_lines, validate
 from .packing import Pack, PackedLine, packed_line
 from .parts import NO_RESPONSE, LineOutcome, PartWriter, load_parts, part_prefix, render
@@ -164,7 +165,7 @@ class BatchRun:
             )
             return False
         if checked.error_count:
-            lines = (_encode(error) + b"\n" for error in checked.errors)
+            lines = (one_line(error) + b"\n" for error in checked.errors)
             error_file = await self.files.add(
                 f"{self.id}_validation_errors.jsonl",
                 "batch_output",
