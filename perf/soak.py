@@ -413,6 +413,18 @@ def _growth(points: list[tuple[float, int]]) -> float | None:
     return quantile(last, 0.5) / quantile(first, 0.5) - 1
 
 
+def rss_growth(samples: list[dict]) -> list[tuple[str, int, float | None]]:
+    """Each life of each process (a fault restarts some) with its RSS growth after its
+    first 10 minutes (None: a shorter life). A generation host's paged KV cache fills for
+    minutes after its start."""
+    lives: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    for sample in samples:
+        for role, pid in sample["pids"].items():
+            if role in sample["rss_kib"]:
+                lives.setdefault((role, pid), []).append((sample["t"], sample["rss_kib"][role]))
+    return [(role, pid, _growth(points)) for (role, pid), points in lives.items()]
+
+
 def verdict(report: dict) -> list[str]:
     """What misses the issue's bar (empty: it passed). Timing checks only where the soak
     was long enough for them (RSS: past 20 minutes; p99: past 30)."""
@@ -427,17 +439,8 @@ def verdict(report: dict) -> list[str]:
     for fault in report["faults"]:
         if fault["recovery_s"] is None or fault["recovery_s"] > 30:
             misses.append(f"{fault['fault']}: recovery {fault['recovery_s']}")
-    samples = report["samples"]
     if report["minutes"] >= 20:
-        # Each life of each process (a fault restarts some), after its first 10 minutes:
-        # a generation host's paged KV cache fills for minutes after its start.
-        lives: dict[tuple[str, int], list[tuple[float, int]]] = {}
-        for sample in samples:
-            for role, pid in sample["pids"].items():
-                if role in sample["rss_kib"]:
-                    lives.setdefault((role, pid), []).append((sample["t"], sample["rss_kib"][role]))
-        for (role, _), points in lives.items():
-            grew = _growth(points)
+        for role, _, grew in rss_growth(report["samples"]):
             if grew is not None and grew > 0.05:
                 misses.append(f"{role} RSS grew {grew:.1%}")
     if report["minutes"] >= 30:
@@ -474,6 +477,13 @@ def write(report: dict, out: Path, argv: list[str]) -> Path:
             f"| {route} | {_s(w['first']['p99'])} | {_s(w['last']['p99'])} |"
             f" {w['first']['n']} / {w['last']['n']} |"
             for route, w in report["p99_windows"].items()
+        ),
+        "",
+        "| process (pid) | RSS growth after its first 10 minutes |",
+        "|---|---|",
+        *(
+            f"| {role} ({pid}) | {'-' if grew is None else f'{grew:+.1%}'} |"
+            for role, pid, grew in rss_growth(report["samples"])
         ),
         "",
         f"Batch: {report['batch']}. Answers not whole: {report['problem_count']}. Failures"
