@@ -83,7 +83,7 @@ def cached_graph(
         return convert()
     target = cache_dir / "openvino-encoders" / graph_key(module, names)
     if is_complete(target):
-        if _digest(target) == (target / _DIGEST).read_text():
+        if _intact(target):
             log.info("OpenVINO graph read from %s", target)
             return ov.Core().read_model(target / _GRAPH)
         # Damaged since it was saved (a complete entry is written once): converted again.
@@ -96,11 +96,19 @@ def cached_graph(
         ov.save_model(model, partial / _GRAPH, compress_to_fp16=False)
         (partial / _DIGEST).write_text(_digest(partial))
         publish(partial, target)
-    except OSError as exc:  # a read-only or full cache costs a conversion, no more
+    except (OSError, RuntimeError) as exc:  # a read-only or full cache: a conversion, no more
         log.warning("OpenVINO graph not cached in %s: %s", target, exc)
         return model
     log.info("OpenVINO graph converted and cached in %s", target)
     return ov.Core().read_model(target / _GRAPH)
+
+
+def _intact(entry: Path) -> bool:
+    """Whether `entry`'s files are as they were saved."""
+    try:
+        return _digest(entry) == (entry / _DIGEST).read_text()
+    except OSError:  # a file gone
+        return False
 
 
 def _digest(entry: Path) -> str:

@@ -61,11 +61,13 @@ def test_a_damaged_cached_graph_is_converted_again(
     first.load(minilm_path)
     texts = load("short")[:8]
     expected = embed(first, texts)
-    for entry in _entries(tmp_path):  # every byte of the weights changed
+    entries = _entries(tmp_path)
+    for entry in entries:  # every byte of the weights changed
         weights = entry / "graph.bin"
         damaged = entry / "damaged.bin"
         (np.fromfile(weights, dtype=np.uint8) ^ np.uint8(1)).tofile(damaged)
         damaged.replace(weights)  # a new file: `first` maps the old one
+    (entries[0] / "sha256").unlink()  # and a file gone
     caplog.set_level(logging.INFO)
     again = make_adapter(MINILM_SPEC, "cpu", cache_dir=tmp_path)
     again.load(minilm_path)
