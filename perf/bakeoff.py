@@ -1,13 +1,15 @@
 """The generation bake-off: every CPU engine on the same chat workload, side by side.
 
     .venv/bin/python -m perf bakeoff [--target shoal,shoal-torch,openvino,...] \\
-        [--concurrency 1,8,32] [--prompts 64] [--max-tokens 64]
+        [--concurrency 1,8,32] [--prompts 64] [--max-tokens 64] [--rounds 1]
 
 The workload is perf/generation_throughput.py's: 64 chat prompts ("Write two sentences
 about <topic>.", seed 3) through SmolLM2-135M-Instruct's chat template, greedy,
 `max_tokens` 64. Per target and concurrency c, a closed loop keeps c requests in flight
 until every prompt is answered: output tokens/s (tokens / wall), TTFT p50/p90 and
-per-request latency p50/p90. Targets run one after another in one run on one machine.
+per-request latency p50/p90. Targets run one after another in one run on one machine;
+with `--rounds N` the list runs N times interleaved and each target reports its median
+round, every round's tokens/s beside it.
 
 Targets:
   shoal               `shoal serve`'s shape (nats-server, a generation worker, the
@@ -385,40 +387,70 @@ def _served(target: str, threads: int):
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Each target's rounds; with `--rounds N` the target list runs N times interleaved
+    (A B A B ...), so a drift of the machine falls on every target alike, and each target
+    reports its median round (one stream's figure moves up to 20% between runs of the same
+    code on the Xeon VM: perf/results/README.md)."""
     chats = prompts(args.prompts)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     results: dict[str, Any] = {}
-    for target in args.target.split(","):
-        print(f"{target}:", flush=True)
-        try:
-            served = _served(target, args.threads)
-            if served is not None:
-                with served as url:
-                    model = GEN_MODEL if target.startswith("shoal") else "m"
-                    rounds = {
-                        str(c): asyncio.run(_http_round(url, model, chats, c, args.max_tokens))
-                        for c in concurrency
-                    }
-            elif target in ("openvino", "openvino-native"):
-                native = target == "openvino-native"
-                rounds = openvino_rounds(concurrency, chats, args.max_tokens, args.threads, native)
-            elif target in ("transformers-static", "transformers-cb"):
-                cb = target == "transformers-cb"
-                rounds = _transformers_rounds(concurrency, chats, args.max_tokens, cb)
-            else:
-                raise ValueError(f"unknown target {target!r}")
-        except (RuntimeError, ValueError, subprocess.CalledProcessError, TimeoutError) as exc:
-            print(f"  failed: {str(exc)[-300:]}", flush=True)
-            results[target] = {"failed": str(exc)[-300:]}
-            continue
-        for c, r in rounds.items():
-            print(
-                f"  c={c}: {r['tokens_per_s']} tokens/s, TTFT p50 {r['ttft_p50_ms']} ms, "
-                f"latency p50 {r['latency_p50_s']} s",
-                flush=True,
-            )
-        results[target] = rounds
+    each: dict[str, list[dict]] = {}
+    for turn in range(args.rounds):
+        for target in args.target.split(","):
+            if "failed" in results.get(target, {}):
+                continue
+            turns = f" round {turn + 1} of {args.rounds}" if args.rounds > 1 else ""
+            print(f"{target}:{turns}", flush=True)
+            try:
+                rounds = _target_rounds(target, args, chats, concurrency)
+            except (RuntimeError, ValueError, subprocess.CalledProcessError, TimeoutError) as exc:
+                print(f"  failed: {str(exc)[-300:]}", flush=True)
+                results[target] = {"failed": str(exc)[-300:]}
+                continue
+            for c, r in rounds.items():
+                print(
+                    f"  c={c}: {r['tokens_per_s']} tokens/s, TTFT p50 {r['ttft_p50_ms']} ms, "
+                    f"latency p50 {r['latency_p50_s']} s",
+                    flush=True,
+                )
+            each.setdefault(target, []).append(rounds)
+            results[target] = median_round(each[target])
     return results
+
+
+def _target_rounds(
+    target: str, args: argparse.Namespace, chats: list, concurrency: list[int]
+) -> dict[str, dict]:
+    """One round of `target` at each concurrency."""
+    served = _served(target, args.threads)
+    if served is not None:
+        with served as url:
+            model = GEN_MODEL if target.startswith("shoal") else "m"
+            return {
+                str(c): asyncio.run(_http_round(url, model, chats, c, args.max_tokens))
+                for c in concurrency
+            }
+    if target in ("openvino", "openvino-native"):
+        native = target == "openvino-native"
+        return openvino_rounds(concurrency, chats, args.max_tokens, args.threads, native)
+    if target in ("transformers-static", "transformers-cb"):
+        cb = target == "transformers-cb"
+        return _transformers_rounds(concurrency, chats, args.max_tokens, cb)
+    raise ValueError(f"unknown target {target!r}")
+
+
+def median_round(rounds: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per concurrency, the round with the median tokens/s (the lower of the middle two
+    for an even count), whole so its TTFT and latency belong to it, with every round's
+    tokens/s beside it (`tokens_per_s_each`, in the order run) where there were several."""
+    out = {}
+    for c in rounds[0]:
+        runs = [r[c] for r in rounds if c in r]
+        ranked = sorted(runs, key=lambda r: r["tokens_per_s"])
+        out[c] = dict(ranked[(len(ranked) - 1) // 2])
+        if len(runs) > 1:
+            out[c]["tokens_per_s_each"] = [r["tokens_per_s"] for r in runs]
+    return out
 
 
 def _markdown(report: dict) -> str:
@@ -443,7 +475,9 @@ def _markdown(report: dict) -> str:
         for c in concurrency:
             r = rounds.get(c, {})
             ttft = f"{r['ttft_p50_ms']:.0f} ms; " if r.get("ttft_p50_ms") else ""
-            cells.append(f"{r.get('tokens_per_s')} ({ttft}{r.get('latency_p50_s')} s)")
+            spread = r.get("tokens_per_s_each")
+            each = f"; rounds {', '.join(map(str, spread))}" if spread else ""
+            cells.append(f"{r.get('tokens_per_s')} ({ttft}{r.get('latency_p50_s')} s{each})")
         lines.append(f"| {target} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
@@ -455,6 +489,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of the targets, interleaved")
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
