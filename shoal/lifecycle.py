@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -71,8 +72,13 @@ def die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _exit_now(status: int, why: str) -> None:
+def _exit_now(status: int, why: str, stacks: bool = False) -> None:
+    """Exit at once; `stacks`: first write every thread's stack to stderr, so a stop
+    that hung says where."""
     log.warning("%s; exiting now", why)
+    if stacks:
+        with contextlib.suppress(Exception):
+            faulthandler.dump_traceback(sys.stderr, all_threads=True)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -115,7 +121,9 @@ class StopSignals:
             _exit_now(1, f"second {name}")
         log.info("%s: stopping (within %.0fs)", name, STOP_WITHIN)
         self._timer = threading.Timer(
-            self.last_resort, _exit_now, (1, f"still running {self.last_resort:g}s after {name}")
+            self.last_resort,
+            _exit_now,
+            (1, f"still running {self.last_resort:g}s after {name}", True),
         )
         self._timer.daemon = True
         self._timer.start()

@@ -122,6 +122,10 @@ def create_app(settings: Settings, stop: asyncio.Event | None = None) -> Litesta
         ],
         dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
         lifespan=[_lifespan(settings, stop, admission)],
+        # The process's own handler (logs.py) stays: Litestar's default config would put
+        # its own format and level on the root logger and write through a queue thread,
+        # losing what is logged just before a last-resort exit.
+        logging_config=None,
         # Browsers' cross-site requests, keys, rate limits and the in-flight bound are
         # checked before a body is read. Outermost: requests are timed and counted
         # whatever the checks say.

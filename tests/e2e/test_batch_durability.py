@@ -94,7 +94,8 @@ def test_runner_killed_mid_batch_another_finishes_it_exactly_once(
         batch_id = start_batch(oai)
         wait_mid_batch(oai, batch_id)
         first.kill()
-        second, base = start_gateway(nats_server.url, tmp_path, env)  # at full speed
+        # At full speed, logging at info: its resume line is asserted.
+        second, base = start_gateway(nats_server.url, tmp_path, {**env, "SHOAL_LOG_LEVEL": "info"})
         assert_exactly_once(client(base), batch_id)
         assert "resuming with" in second.log()
     finally:

@@ -61,9 +61,12 @@ class Gateway:
         wait_until(lambda: hears_of(self.base, MODEL), 60, self.process, f"{MODEL} heard of")
 
     def restart(self) -> None:
+        """Stop (SIGTERM) and start again; a stop that failed still starts it again, so
+        the module's later tests meet a gateway, then fails."""
         assert self.process is not None
-        assert self.process.stop() == 0, self.process.log()
+        status, log = self.process.stop(), self.process.log()
         self.start()
+        assert status == 0, log
 
     def client(self, key: str) -> openai.OpenAI:
         return openai.OpenAI(

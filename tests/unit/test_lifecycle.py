@@ -140,7 +140,8 @@ async def test_a_main_that_fails_raises() -> None:
 
 def test_stop_signals_set_the_event_and_exit_a_stuck_process_in_the_end(tmp_path) -> None:
     """A process that ignores its stop event (a thread busy in C, say) still exits,
-    `last_resort` seconds after SIGTERM, with status 1; a second signal exits at once."""
+    `last_resort` seconds after SIGTERM, with status 1, writing where each thread was
+    stuck; a second signal exits at once."""
     script = textwrap.dedent(
         """
         import asyncio, sys, threading
@@ -158,7 +159,10 @@ def test_stop_signals_set_the_event_and_exit_a_stuck_process_in_the_end(tmp_path
     )
     for last_resort, second in ((0.5, False), (30.0, True)):
         proc = subprocess.Popen(
-            [sys.executable, "-c", script, str(last_resort)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", script, str(last_resort)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
@@ -172,6 +176,9 @@ def test_stop_signals_set_the_event_and_exit_a_stuck_process_in_the_end(tmp_path
             assert took < (2.0 if second else last_resort + 2.0)
             if not second:
                 assert took >= last_resort
+                stderr = proc.stderr.read() if proc.stderr else ""
+                assert "still running" in stderr
+                assert "in main" in stderr  # the stuck coroutine's frame, from the dump
         finally:
             if proc.poll() is None:
                 proc.kill()
