@@ -20,12 +20,15 @@ Targets:
   shoal-nodraft       `shoal-float32` without speculative decoding of a lone greedy
                       stream (`generator.openvino_draft_tokens = 0`)
   shoal-torch         the same with `engine = "torch"`: Shoal's transformers engine
-  shoal-int8          the same with `weights = "int8"`: OpenVINO with int8 weights (not
-                      exact; served once the load-time agreement check passes)
+  shoal-int8          the same with `weights = "int8"`: the float32 weights in Q8_0 blocks
+                      (not exact; served once the load-time guard passes)
+  shoal-int4          the same with `weights = "int4"`: Q4_1 blocks, the embedding Q8_0
   shoal-bf16          `shoal` on a 16-bit checkpoint: SmolLM2's weights rounded to bf16
                       and saved as one (no package ships a 16-bit SmolLM2; made once in
                       the cache dir), served by default as its own 16-bit weights
   shoal-bf16-float32  the same checkpoint with `weights = "float32"`: widened
+  shoal-bf16-int8     the same checkpoint with `weights = "int8"` (Q8_0 blocks)
+  shoal-bf16-int4     the same checkpoint with `weights = "int4"` (Q4_1 blocks)
   openvino            OpenVINO GenAI's ContinuousBatchingPipeline in process, float32
                       (the IR Shoal exports), stepped in one thread: the engine's limit
   openvino-native     the same on the IR with the GGUF's own blocks (Shoal's default)
@@ -375,12 +378,12 @@ def _served(target: str, threads: int):
         return _shoal({"weights": "float32"}, {"SHOAL_GENERATOR__OPENVINO_DRAFT_TOKENS": "0"})
     if target == "shoal-torch":
         return _shoal({"engine": "torch"})
-    if target == "shoal-int8":
-        return _shoal({"weights": "int8"})
+    if target in ("shoal-int8", "shoal-int4"):
+        return _shoal({"weights": target.removeprefix("shoal-")})
     if target == "shoal-bf16":
         return _shoal_bf16({})
-    if target == "shoal-bf16-float32":
-        return _shoal_bf16({"weights": "float32"})
+    if target in ("shoal-bf16-float32", "shoal-bf16-int8", "shoal-bf16-int4"):
+        return _shoal_bf16({"weights": target.removeprefix("shoal-bf16-")})
     if target.startswith("llamacpp-np"):
         return llama_server(int(target.removeprefix("llamacpp-np")), threads)
     return None

@@ -19,7 +19,10 @@ Tiers of the built-in SmolLM2-135M-Instruct (its Q4_1 GGUF), on OpenVINO:
                 groups of 32 (OpenVINO's own default for compressed weights)
   native-bf16   the GGUF's blocks, bf16 arithmetic (where the CPU has bf16)
   float32-bf16  the float32 weights, bf16 arithmetic (`dtype = "bfloat16"`)
-  int8          int8 weights per output channel from float32 (`weights = "int8"`)
+  int8          the float32 weights in Q8_0 blocks (`weights = "int8"`)
+  int4          the float32 weights in Q4_1 blocks, the embedding Q8_0 (`weights = "int4"`)
+  int8-channel  int8 weights per output channel from float32 (optimum's export: the int8
+                tier before, and the draft of a lone float32 stream)
 
 Results: perf/results/weight-quality-<time>.{json,md}, with the machine described.
 """
@@ -42,7 +45,7 @@ from perf.embed_throughput import machine  # noqa: E402
 from perf.texts import load  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
-TIERS = "native,native-dq32,native-bf16,float32-bf16,int8"
+TIERS = "native,native-dq32,native-bf16,float32-bf16,int8,int4,int8-channel"
 _MAX_TOKENS = 512  # per sequence
 
 
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> dict:
     from shoal.workers.generation.gguf import materialize_gguf
     from shoal.workers.generation.openvino_export import export_command, native_ir, openvino_ir
     from shoal.workers.generation.precision import NATIVE
+    from shoal.workers.generation.requantized import requantized_ir
     from shoal.workers.generation.weight_guard import EXACT, position_scores, teacher_forced
 
     settings = load_settings(None)
@@ -110,10 +114,12 @@ def run(args: argparse.Namespace) -> dict:
         "native-dq32": (native, EXACT | {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 32}),
         "native-bf16": (native, bf16 | NATIVE),
         "float32-bf16": (full, bf16),
-        "int8": (
+        "int8-channel": (
             lambda: openvino_ir(path, settings.cache_path, command, "int8"),
             {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"},
         ),
+        "int8": (lambda: requantized_ir(full, "int8", settings.cache_path), EXACT | NATIVE),
+        "int4": (lambda: requantized_ir(full, "int4", settings.cache_path), EXACT | NATIVE),
     }
     tiers = args.tiers.split(",")
     reference = _compiled(full, EXACT | threads)

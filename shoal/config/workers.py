@@ -68,9 +68,10 @@ class GeneratorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     empty: one beside this Python, else the `.venv-export` beside this venv (`make
     setup` builds it: optimum-intel pins an older transformers than Shoal's)."""
     min_weight_agreement: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.9
-    """The least share of probe positions where a model with compressed weights
-    (`weights = "int8"`) must pick the same next token as the float32 one to be
-    served compressed (SmolLM2-135M's int8 agreement: perf/results/README.md)."""
+    """The least share of probe positions where a model in a tier below its checkpoint's
+    precision (`weights = "int8"` or `"int4"`) must pick the same next token as the
+    float32 one to be served so, beside the tier's bar from llama.cpp's figures
+    (precision.py; SmolLM2-135M's agreement per tier: perf/results/README.md)."""
     openvino_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=16)] = 4
     """Speculative decoding of a lone greedy sequence on the OpenVINO runtime: the
     model's int8 copy drafts this many tokens and the full model checks them in one

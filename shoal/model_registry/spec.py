@@ -72,16 +72,18 @@ class BatchProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     runs under autocast where the CPU has native bf16 (AVX512-BF16, AMX), faster than
     float32 and close to it (perf/results/README.md); elsewhere, and for `float16`, a CPU
     serves float32 (emulated half precision is slower)."""
-    weights: Literal["native", "float32", "int8"] = "native"
+    weights: Literal["native", "float32", "int8", "int4"] = "native"
     """Generation on OpenVINO only. `native`: the checkpoint's weights as shipped (a GGUF's
     quantized blocks, a bf16 or f16 checkpoint's 16-bit weights; float32 for a float32
     checkpoint), checked at load
     against the float32 model of the same checkpoint (mean KL <= 1e-3 nats, top-1
     agreement >= 99.5% on probe chats), else float32 and the log says why. `float32`:
-    every weight widened to float32. `int8`: int8 weights per output channel from the
-    float32 model, not exact, served when top-1 agreement reaches
-    `generator.min_weight_agreement`. `/v1/models` names what serves and how close it
-    measured."""
+    every weight widened to float32. `int8` and `int4`, opt-in, not exact: the float32
+    weights in llama.cpp's blocks of 32 (Q8_0; Q4_1 with the embedding Q8_0), served when
+    they measure no worse than llama.cpp's Q8_0 (Q4_K_M) of SmolLM2-135M did against its
+    16-bit model, and top-1 reaches `generator.min_weight_agreement`. A tier that fails
+    falls back one step (int4, int8, native, float32). `/v1/models` names what serves and
+    how close it measured."""
     threads: Size = 0
     """Intra-op threads for this model's forward passes; 0: the worker's setting
     (`worker.threads`, else torch's default)."""
