@@ -66,7 +66,7 @@ test: setup browser lint
 # The inner loop (minutes): lint, import contracts, unit and integration tests without
 # the ones that load real models (`slow`); `make test` runs everything.
 check: lint
-	$(BIN)/pytest -q -m "not slow" tests/unit tests/integration
+	$(BIN)/pytest -q -m "not slow" -n auto --maxprocesses 4 tests/unit tests/integration
 
 # The docs site (docs/, mkdocs.yml) on 127.0.0.1:8001, rebuilt on each edit. `make test`
 # and `make check` build it with --strict (tests/unit/test_docs_build.py).

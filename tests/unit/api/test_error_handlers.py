@@ -141,8 +141,10 @@ def test_every_documented_error_is_openai_shaped() -> None:
 @pytest.mark.parametrize(
     ("store_id", "valid"),
     [
-        (new_id("file-"), True),
-        (new_id("batch_"), True),
+        # Ids of their own: a generated id differs per collection (pytest-xdist's workers
+        # must collect the same tests).
+        pytest.param(new_id("file-"), True, id="a-new-file-id"),
+        pytest.param(new_id("batch_"), True, id="a-new-batch-id"),
         ("filé", False),  # alphanumeric to Python, not a NATS key
         ("file-٣", False),
         ("", False),
