@@ -5,6 +5,7 @@ engine, live latency under it), `python -m perf profile ...` (where the time goe
 `python -m perf packed-rows` (packed rows against padded batches, in process),
 `python -m perf engine-ops` (the engine's time by operator, and its arithmetic rate),
 `python -m perf weight-quality` (each generation weight tier against float32),
+`python -m perf precision-plot POINTS` (those tiers' quality against their speed),
 `python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/),
 `python -m perf soak ...` (hours under mixed load with faults),
 `python -m perf slow-clients ...` (idle and slow clients beside live traffic),
@@ -34,6 +35,10 @@ def main() -> None:
         from perf.slow_clients import main as slow_clients
 
         slow_clients(sys.argv[2:])
+    elif command == "precision-plot":
+        from perf.precision_plot import main as precision_plot
+
+        precision_plot(sys.argv[2:])
     elif command == "knee":
         from perf.knee import main as knee
 
