@@ -28,7 +28,7 @@ from ...model_registry.sources import gguf_file
 from .float16_weights import mark_decompression, sixteen_bit_weights
 from .gguf_weights import NativeWeights, native_weights
 
-__all__ = ["export_command", "native_ir", "openvino_ir"]
+__all__ = ["export_command", "native_ir", "openvino_ir", "save_rebuilt"]
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,18 @@ def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWei
         publish(partial, target)
         return None
     log.info("%s: the checkpoint's own weights (%s), once", source, done)
-    for item in full.iterdir():  # the tokenizer, config and chat template, as exported
+    save_rebuilt(model, full, partial)
+    mark_decompression(partial / "openvino_model.xml")
+    return publish(partial, target), done
+
+
+def save_rebuilt(model, full: Path, partial: Path) -> None:
+    """Save `model`, rebuilt from the float32 IR `full`, into `partial` with the files the
+    export put beside `full`'s graph (tokenizer, config, chat template); not its guard's
+    cached agreement, which was `full`'s own."""
+    import openvino as ov
+
+    for item in full.iterdir():
         if item.is_file() and item.name not in _MODEL_FILES and item.name != "agreement.json":
             shutil.copy2(item, partial / item.name)
     ov.save_model(model, str(partial / "openvino_model.xml"), compress_to_fp16=False)
-    mark_decompression(partial / "openvino_model.xml")
-    return publish(partial, target), done

@@ -121,8 +121,8 @@ def _candidate(step: str, spec: ModelSpec, full: Path, cache_dir: Path):
     """(IR, what it serves, compile properties, drafted) for `step`, or None where the
     checkpoint holds nothing narrower than float32 (`native` of a float32 checkpoint)."""
     if step in REQUANTIZED:
-        blocks = "Q8_0 blocks" if step == "int8" else "Q4_1 blocks, embedding Q8_0"
-        return requantized_ir(full, step, cache_dir), f"{step} weights: {blocks}", NATIVE, False
+        what = f"{step} weights: {REQUANTIZED[step]}"
+        return requantized_ir(full, step, cache_dir), what, NATIVE, False
     native = native_ir(spec.source, full, cache_dir)
     if native is None:
         return None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +26,17 @@ from ...model_registry.cache_dirs import is_complete, partial_dir, publish
 from .float16_weights import weight_constants
 from .gguf_blocks import blocks
 from .gguf_weights import serve_blocks
+from .openvino_export import save_rebuilt
 
 __all__ = ["REQUANTIZED", "requantized_ir"]
 
 log = logging.getLogger(__name__)
 
-REQUANTIZED = ("int8", "int4")
-"""The tiers this module builds, narrowest last."""
+REQUANTIZED = {"int8": "Q8_0 blocks", "int4": "Q4_1 blocks, embedding Q8_0"}
+"""The tiers this module builds, and what each serves (as the engine's name says)."""
 _VERSION = "1"  # bump when the graph built differs
 _BLOCK = 32  # weights per block, for every type used here
 _EMBEDDING = "model.embed_tokens.weight"
-_MODEL_FILES = ("openvino_model.xml", "openvino_model.bin")
 
 
 def requantized_ir(full: Path, tier: str, cache_dir: Path) -> Path:
@@ -54,10 +53,7 @@ def requantized_ir(full: Path, tier: str, cache_dir: Path) -> Path:
     log.info("%s weights, once: %s", tier, ", ".join(f"{k} x{n}" for k, n in counts.items()))
     partial = partial_dir(target)
     partial.mkdir()
-    for item in full.iterdir():  # the tokenizer, config and chat template, as exported
-        if item.is_file() and item.name not in _MODEL_FILES and item.name != "agreement.json":
-            shutil.copy2(item, partial / item.name)
-    ov.save_model(model, str(partial / "openvino_model.xml"), compress_to_fp16=False)
+    save_rebuilt(model, full, partial)
     return publish(partial, target)
 
 
