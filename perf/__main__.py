@@ -5,6 +5,7 @@ engine, live latency under it), `python -m perf profile ...` (where the time goe
 `python -m perf packed-rows` (packed rows against padded batches, in process),
 `python -m perf engine-ops` (the engine's time by operator, and its arithmetic rate),
 `python -m perf weight-quality` (each generation weight tier against float32),
+`python -m perf kv-cache` (the generation KV cache's precision: quality and speed),
 `python -m perf precision-plot POINTS` (those tiers' quality against their speed),
 `python -m perf scale ...` (pull against push routers at cluster scale: perf/scale/),
 `python -m perf soak ...` (hours under mixed load with faults),
@@ -67,6 +68,10 @@ def main() -> None:
         from perf.engine_ops import main as engine_ops
 
         engine_ops(sys.argv[2:])
+    elif command == "kv-cache":
+        from perf.kv_cache import main as kv_cache
+
+        kv_cache(sys.argv[2:])
     elif command == "weight-quality":
         from perf.weight_quality import main as weight_quality
 
@@ -78,7 +83,7 @@ def main() -> None:
     else:
         sys.exit(
             "usage: python -m perf knee|bakeoff|chat-batch|profile|latency|packed-rows"
-            "|engine-ops|weight-quality|scale --help"
+            "|engine-ops|weight-quality|kv-cache|scale --help"
             " | python -m perf texts"
         )
 

@@ -244,8 +244,15 @@ def _model_dir() -> str:
 
 
 def openvino_rounds(
-    concurrency: list[int], chats: list, max_tokens: int, threads: int, native: bool = False
+    concurrency: list[int],
+    chats: list,
+    max_tokens: int,
+    threads: int,
+    native: bool = False,
+    cache: str = "f32",
 ) -> dict:
+    """The engine in process, with the KV cache Shoal serves (f32) unless `cache` says
+    otherwise (perf kv-cache)."""
     import numpy as np
     import openvino as ov
     import openvino_genai as og
@@ -273,7 +280,7 @@ def openvino_rounds(
     properties = {
         "INFERENCE_NUM_THREADS": threads,
         "INFERENCE_PRECISION_HINT": "f32",
-        "KV_CACHE_PRECISION": "f32",
+        "KV_CACHE_PRECISION": cache,
     } | extra
     pipe = og.ContinuousBatchingPipeline(str(ir), scheduler, "CPU", properties)
     ids = [
