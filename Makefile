@@ -61,7 +61,7 @@ demo: setup
 	$(BIN)/shoal serve --demo
 
 # Two pytest-xdist workers, each test module whole on one (its module-scoped stacks start
-# once): on 2 cores 1328 s against 2078 s one at a time. Each worker starts its own
+# once): on 2 cores 1328 and 1430 s against 2078 s one at a time. Each worker starts its own
 # session stack and model cache, so more workers pay only with more cores and memory.
 test: setup browser lint
 	$(BIN)/pytest -n 2 --dist loadfile
