@@ -243,6 +243,20 @@ def _model_dir() -> str:
     return materialize_gguf(spec.source, settings.cache_path)
 
 
+def built_in_irs() -> tuple[str, Path, Path]:
+    """The built-in chat model's transformers directory, its float32 IR and the IR with the
+    GGUF's own blocks (Shoal's default), each built once into the cache dir."""
+    from shoal.config import load_settings
+    from shoal.model_registry import ModelRegistry
+    from shoal.workers.generation.openvino_export import export_command, native_ir, openvino_ir
+
+    settings = load_settings(None)
+    path = _model_dir()
+    full = openvino_ir(path, settings.cache_path, export_command(settings.generator))
+    source = ModelRegistry.from_files().resolve(GEN_MODEL).source
+    return path, full, native_ir(source, full, settings.cache_path)[0]
+
+
 def openvino_rounds(
     concurrency: list[int],
     chats: list,
@@ -258,18 +272,10 @@ def openvino_rounds(
     import openvino_genai as og
     from transformers import AutoTokenizer
 
-    from shoal.config import load_settings
-    from shoal.model_registry import ModelRegistry
-    from shoal.workers.generation.openvino_export import export_command, native_ir, openvino_ir
     from shoal.workers.generation.precision import NATIVE
 
-    settings = load_settings(None)
-    path = _model_dir()
-    ir = openvino_ir(path, settings.cache_path, export_command(settings.generator))
-    extra: dict[str, object] = {}
-    if native:
-        source = ModelRegistry.from_files().resolve(GEN_MODEL).source
-        ir, extra = native_ir(source, ir, settings.cache_path)[0], NATIVE
+    path, full, blocks = built_in_irs()
+    ir, extra = (blocks, NATIVE) if native else (full, {})
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = tokenizer.eos_token_id
     scheduler = og.SchedulerConfig()

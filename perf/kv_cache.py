@@ -2,9 +2,9 @@
 blocks (the native tier), quality and speed, so the default is chosen by measurement.
 
 Quality: the weight guard's probe chats plus one long sequence of plain text, each answer
-read back through the cache a token a step (`read_through_cache`: one pass over a whole
-sequence attends to the fresh keys and values and never reads the cache's precision
-back), against the float32 reference with an f32 cache; top-1 agreement and mean KL per
+read back through the cache a token a step (weight_guard.read_through_cache: one pass
+over a whole sequence attends to the fresh keys and values and never reads the cache's
+precision back), against the float32 reference with an f32 cache; top-1 agreement and mean KL per
 position. Speed:
 OpenVINO GenAI in process (perf bakeoff's `openvino-native`), one stream and 32, with
 prompts padded to about `--context` tokens, caches interleaved round by round.
@@ -25,10 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perf.bakeoff import _model_dir, openvino_rounds  # noqa: E402
+from perf.bakeoff import built_in_irs, openvino_rounds  # noqa: E402
 from perf.embed_throughput import machine  # noqa: E402
 from perf.generation_throughput import prompts  # noqa: E402
-from tests.helpers import GEN_MODEL  # noqa: E402
 
 CACHES = ("f32", "f16", "u8")
 
@@ -37,23 +36,17 @@ def quality(threads: int) -> dict[str, dict]:
     import openvino as ov
     from transformers import AutoTokenizer
 
-    from shoal.config import load_settings
-    from shoal.model_registry import ModelRegistry
-    from shoal.workers.generation.openvino_export import export_command, native_ir, openvino_ir
     from shoal.workers.generation.precision import NATIVE
     from shoal.workers.generation.weight_guard import (
         EXACT,
         PROBE_CHATS,
         position_scores,
         probe_sequences,
+        read_through_cache,
         teacher_forced,
     )
 
-    settings = load_settings(None)
-    path = _model_dir()
-    full = openvino_ir(path, settings.cache_path, export_command(settings.generator))
-    source = ModelRegistry.from_files().resolve(GEN_MODEL).source
-    native = native_ir(source, full, settings.cache_path)[0]
+    path, full, native = built_in_irs()
     tokenizer = AutoTokenizer.from_pretrained(path)
     text = " ".join(answer for _, answer in PROBE_CHATS) * 3
     sequences = probe_sequences(tokenizer)
@@ -73,27 +66,6 @@ def quality(threads: int) -> dict[str, dict]:
         out[cache] = {"top1": float(same.mean()), "kl": float(kl.mean()), "positions": same.size}
         print(cache, out[cache], flush=True)
     return out
-
-
-def read_through_cache(compiled, ids: list[int], start: int) -> np.ndarray:
-    """Next-token logits for `ids[start:]`, read as generation reads them: `ids[:start]` in
-    one pass, then one token a step, each step attending to the graph's KV cache."""
-    request = compiled.create_infer_request()
-    request.reset_state()
-    accepted = {name for port in compiled.inputs for name in port.get_names()}
-
-    def step(tokens: list[int], past: int) -> np.ndarray:
-        feed = {
-            "input_ids": np.asarray([tokens], dtype=np.int64),
-            "attention_mask": np.ones((1, past + len(tokens)), dtype=np.int64),
-            "position_ids": np.arange(past, past + len(tokens), dtype=np.int64)[None],
-            "beam_idx": np.zeros(1, dtype=np.int32),
-        }
-        request.infer({name: value for name, value in feed.items() if name in accepted})
-        return np.array(request.get_tensor("logits").data[0][-1], dtype=np.float64)
-
-    rows = [step(ids[:start], 0)] + [step([ids[i]], i) for i in range(start, len(ids) - 1)]
-    return np.stack(rows)
 
 
 def speed(rounds: int, context: int, threads: int) -> dict[str, list[dict]]:

@@ -147,6 +147,44 @@ def test_native_weights_that_fail_the_guard_fall_back_to_float32(
     assert "serving float32 weights" in log
 
 
+def test_answers_read_back_through_an_u8_kv_cache_differ_where_one_pass_does_not(
+    shared_cache, stack, lm_dir
+) -> None:
+    """Why the guard's single pass says nothing about the KV cache (perf kv-cache): over a
+    whole sequence at once the graph attends to fresh keys and values, so an u8 cache
+    gives float32's logits exactly; read back a token a step, as decoding reads them, it
+    does not. With an f32 cache both readings agree."""
+    import openvino as ov
+    from transformers import AutoTokenizer
+
+    from shoal.workers.generation.precision import NATIVE
+    from shoal.workers.generation.weight_guard import (
+        EXACT,
+        probe_sequences,
+        read_through_cache,
+        teacher_forced,
+    )
+
+    [native] = [p.parent for p in (shared_cache / "openvino").glob("*/native_weights.json")]
+    compiled = {
+        cache: ov.Core().compile_model(
+            str(native / "openvino_model.xml"),
+            "CPU",
+            EXACT | NATIVE | {"KV_CACHE_PRECISION": cache},
+        )
+        for cache in ("f32", "u8")
+    }
+    moved = 0.0
+    for ids, start in probe_sequences(AutoTokenizer.from_pretrained(lm_dir))[:4]:
+        one_pass = teacher_forced(compiled["f32"], ids)[start - 1 :]
+        np.testing.assert_array_equal(teacher_forced(compiled["u8"], ids)[start - 1 :], one_pass)
+        through = read_through_cache(compiled["f32"], ids, start)
+        np.testing.assert_allclose(through, one_pass, rtol=0, atol=1e-3)
+        read_back = read_through_cache(compiled["u8"], ids, start)
+        moved = max(moved, float(np.abs(read_back - one_pass).max()))
+    assert moved > 1e-2, moved
+
+
 def _bf16_checkpoint(root: Path, lm_dir: Path) -> Path:
     """A small llama saved in bf16 (random weights, some too small for f16 to hold), with
     SmolLM2's tokenizer and chat template: a 16-bit checkpoint as users ship them."""

@@ -33,6 +33,7 @@ __all__ = [
     "agreement",
     "position_scores",
     "probe_sequences",
+    "read_through_cache",
     "teacher_forced",
 ]
 
@@ -150,17 +151,36 @@ def teacher_forced(compiled, ids: list[int]) -> np.ndarray:
     position of `ids` but the last, read in one fresh pass."""
     request = compiled.create_infer_request()
     request.reset_state()
-    tokens = np.asarray([ids], dtype=np.int64)
+    return _feed(compiled, request, ids, 0)[:-1]
+
+
+def read_through_cache(compiled, ids: list[int], start: int) -> np.ndarray:
+    """The next-token logits for `ids[start:]` (rows `start - 1` to the last but one of
+    `teacher_forced`), read as generation reads them: `ids[:start]` in one pass, then one
+    token a step, each step attending to the graph's KV cache. (One pass over a whole
+    sequence attends to the fresh keys and values, so it never reads a narrower cache's
+    precision back: perf kv-cache.)"""
+    request = compiled.create_infer_request()
+    request.reset_state()
+    rows = [_feed(compiled, request, ids[:start], 0)[-1]]
+    rows += [_feed(compiled, request, [ids[i]], i)[-1] for i in range(start, len(ids) - 1)]
+    return np.stack(rows)
+
+
+def _feed(compiled, request, tokens: list[int], past: int) -> np.ndarray:
+    """The next-token logits (float64) at each of `tokens`, fed after `past` positions
+    already in the request's state."""
+    chunk = np.asarray([tokens], dtype=np.int64)
     feed = {
-        "input_ids": tokens,
-        "attention_mask": np.ones_like(tokens),
-        "position_ids": np.arange(tokens.shape[1], dtype=np.int64)[None],
+        "input_ids": chunk,
+        "attention_mask": np.ones((1, past + len(tokens)), dtype=np.int64),
+        "position_ids": np.arange(past, past + len(tokens), dtype=np.int64)[None],
         "beam_idx": np.zeros(1, dtype=np.int32),
     }
     # optimum exports position_ids (and beam_idx) only for some architectures.
     accepted = {name for port in compiled.inputs for name in port.get_names()}
     request.infer({name: value for name, value in feed.items() if name in accepted})
-    return np.array(request.get_tensor("logits").data[0][:-1], dtype=np.float64)
+    return np.array(request.get_tensor("logits").data[0], dtype=np.float64)
 
 
 def position_scores(reference: np.ndarray, served: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
