@@ -24,7 +24,8 @@ KEEPS_UP = 0.9
 """Share of the offered requests a step must answer to count as keeping up."""
 REQUEST_TIMEOUT = 30.0
 MAX_EXTRA_STEPS = 4
-"""Steps past the last share at most, 25% more load each, while they keep up."""
+"""Steps beyond the given shares at most: 25% more load each past the last while they
+keep up, or half the load each below the first while none has."""
 MAX_OUTSTANDING = 4096
 """Requests in flight at most; past it a scheduled request counts as refused (bounded)."""
 
@@ -200,8 +201,9 @@ async def find_knee(
     on_step: Callable[[Step], None] | None = None,
 ) -> Knee:
     """Warm up, probe the capacity, then step the offered load through `fractions` of it
-    until two steps have not kept up; with `half_knee`, one more step at half the knee's
-    request rate measures p50 below the knee.
+    until two steps have not kept up (halving it first while not even the lowest has);
+    with `half_knee`, one more step at half the knee's request rate measures p50 below the
+    knee.
 
     Each step gets its own client (the closed-loop probes share one): httpx's pool keeps
     every connection an overloaded step opened, and its bookkeeping over them then costs
@@ -212,7 +214,7 @@ async def find_knee(
     async with load.client() as client:  # closed loops: never more than 16 connections
         await load.probe(client, warmup_seconds, 8)  # model resident, connections open
         knee.capacity_rps = await load.probe(client, probe_seconds, 16)
-    over = 0
+    over = extra = 0
     shares = list(fractions)
     for fraction in shares:
         async with load.client() as client:
@@ -227,10 +229,20 @@ async def find_knee(
             if sustained > knee.knee_tps:
                 knee.knee_tps = sustained
                 knee.knee_p50_ms, knee.knee_p99_ms = step.p50_ms, step.p99_ms
-            if fraction == shares[-1] and len(shares) < len(fractions) + MAX_EXTRA_STEPS:
+            if fraction == shares[-1] and extra < MAX_EXTRA_STEPS:
                 # Still keeping up at the last share: the probe underestimated, so the
                 # knee lies further on.
+                extra += 1
                 shares.append(fraction * 1.25)
+        elif not knee.knee_tps and fraction == min(shares):
+            # Not even the lowest share kept up: the probe overestimated (a burst that a
+            # closed loop reaches and an open one cannot hold, or a machine busier since,
+            # as beside other work). Halve the share rather than report no knee.
+            if extra >= MAX_EXTRA_STEPS:
+                break
+            extra += 1
+            del shares[shares.index(fraction) + 1 :]
+            shares.append(fraction / 2)
         else:
             over += 1
             if over >= 2:  # past the knee twice: enough

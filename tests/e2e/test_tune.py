@@ -18,6 +18,7 @@ import pytest
 from shoal.config import NatsSettings
 from shoal.model_registry import BatchProfile, LiveRegistry, ModelRegistry
 from shoal.queue.nats import Bus
+from shoal.tune.knee import Step, describe
 from tests.helpers import GEN_MODEL, MODEL, cache_env
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,10 @@ def _assert_budget_spent(searched: list[dict], search_budget_s: float) -> None:
     trials). Not a fixed count of trials, which a loaded machine, where every trial takes
     longer, cannot reach: where start-up took most of the budget, one trial is all that
     fits, and two are asked for only where the budget holds three of its trials."""
-    assert searched and searched[0]["score"] > 0, [t["candidate"] for t in searched]
+    assert searched and searched[0]["score"] > 0, [
+        (t["candidate"], t["error"] or [describe(Step(**s), "units") for s in t["knee"]["steps"]])
+        for t in searched
+    ]
     spent = sum(t["seconds"] for t in searched)
     longest = max(t["seconds"] for t in searched if t["score"] > 0)
     assert spent + longest > search_budget_s - 2.0, (spent, longest, search_budget_s)
