@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from shoal.config import Settings
@@ -331,6 +332,42 @@ async def test_the_registry_adds_and_removes_served_models(rig: Rig) -> None:
     await until(lambda: MODEL not in worker.models, "the model dropped")
     # The core stops pulling first, settles what it held, then tells the kind.
     await until(lambda: MODEL not in kind.models, "the kind told")
+
+
+class FailsToAdd(ScriptedKind):
+    """A kind whose model `broken` never loads, and whose every other model fails to load
+    `flaky` times first (a source not yet reachable, a JetStream call timed out)."""
+
+    def __init__(self, flaky: int) -> None:
+        super().__init__()
+        self.flaky = flaky
+        self.tries: dict[str, int] = {}
+
+    async def add_model(self, spec: ModelSpec) -> None:
+        self.tries[spec.id] = self.tries.get(spec.id, 0) + 1
+        if spec.id == "broken" or self.tries[spec.id] <= self.flaky:
+            raise RuntimeError(f"{spec.id} would not load")
+        await super().add_model(spec)
+
+
+async def test_a_model_that_fails_to_add_neither_stops_the_others_nor_is_given_up(
+    rig: Rig,
+) -> None:
+    bucket = await rig.bus.key_value("TEST_REGISTRY")
+    registry = LiveRegistry(ModelRegistry([]), bucket)
+    await registry.start()
+    kind = FailsToAdd(flaky=2)
+    worker = await rig.start(kind, registry)
+    await registry.register_model(msgspec.structs.replace(SPEC, id="broken"))
+    await until(lambda: kind.tries.get("broken"), "the broken model tried")
+    # Registered after the failure, with no registry change after it: its own two
+    # failures are tried again (1 s, then 2 s later), and it is served.
+    await registry.register_model(SPEC)
+    await until(lambda: MODEL in worker.models, "the registered model served", timeout=20.0)
+    assert kind.tries[MODEL] == 3 and "broken" not in worker.models
+    await rig.publish("ok")
+    await until(lambda: rig.replies, "an answer from the model registered after the failure")
+    assert kind.tries["broken"] >= 2  # still tried, never served
 
 
 async def until_acked(rig: Rig, count: int) -> None:

@@ -3,10 +3,10 @@
 One `Worker` runs one `WorkerKind` (kind.py) in a worker process. The core owns
 everything between the queue and the kind, on one event loop:
 
-- the served models: it follows the registry (models registered at run time are served,
-  removed ones dropped, a changed spec applied live where the kind can, else served anew)
-  and, per model, pulls its interactive and its batch lane from their durable consumers
-  whenever the kind says it has room;
+- the served models: it follows the registry (following.py: models registered at run
+  time are served, removed ones dropped, a changed spec applied live where the kind can,
+  else served anew, what failed tried again) and, per model, pulls its interactive and
+  its batch lane from their durable consumers whenever the kind says it has room;
 - admission: each item is read (an offloaded one fetched from the payload store; what
   cannot be read is settled in intake.py), and dropped unrun when its request was
   cancelled or its deadline passed, or refused when its model does not serve its op;
@@ -29,15 +29,16 @@ import time
 
 from ...config import Settings
 from ...lifecycle import DRAIN_SECONDS
-from ...model_registry import LiveRegistry, ModelSpec
+from ...model_registry import LiveRegistry
 from ...queue import Bus, JobFailed, Subjects, WorkerHeartbeat
 from ...queue.dead_letters import DeadLetters
 from ...queue.errors import PayloadStoreError
 from ...queue.messages import FailureCode, Reply, encode
 from ...queue.payloads import PayloadStore, open_payload_store
-from ...queue.provision import ensure_consumer, ensure_work_stream
+from ...queue.provision import ensure_work_stream
 from ...queue.source import Delivery
 from .cancels import CancelledRequests
+from .following import follow, reconcile
 from .held import Held
 from .intake import read_job
 from .kind import WorkerKind
@@ -107,7 +108,8 @@ class Worker:
         try:
             await ensure_work_stream(self.bus, self.settings.nats, self.subjects)
             await self.bus.subscribe(self.subjects.cancel, self._on_cancel)
-            await self._reconcile()
+            if failed := await reconcile(self):
+                raise next(iter(failed.values()))  # at start, a model that fails is fatal
             await self.kind.start()
             self._state = "ready"
             await self._send_heartbeat()
@@ -118,7 +120,8 @@ class Worker:
                 ", ".join(self.kind.ready_models()),
             )
             self.registry.add_listener(self._changed.set)
-            background.append(asyncio.create_task(self._follow_registry()))
+            self._changed.set()  # what was registered while the kind started
+            background.append(asyncio.create_task(follow(self, self._changed)))
             await stop.wait()
             await self._drain()
         finally:
@@ -151,60 +154,10 @@ class Worker:
             task.cancel()
         await asyncio.gather(*pulls, return_exceptions=True)
 
-    # The served models ---------------------------------------------------------------
-
-    async def _follow_registry(self) -> None:
-        while True:
-            await self._changed.wait()
-            self._changed.clear()
-            await self._reconcile()
-
-    async def _reconcile(self) -> None:
-        """Serve every registry model the kind serves; drop removed ones; apply changed
-        specs live where the kind can, else serve them anew."""
-        wanted = {spec.id: spec for spec in self.registry if self.kind.serves(spec)}
-        for model, served in list(self.models.items()):
-            spec = wanted.get(model)
-            if spec == served.spec:
-                continue
-            if spec is not None and await self.kind.update_model(served.spec, spec):
-                served.spec = spec
-                continue
-            await self._remove(served)
-        for model, spec in wanted.items():
-            if model not in self.models:
-                await self._add(spec)
-        await self.kind.registry_changed()
-
-    async def _add(self, spec: ModelSpec) -> None:
-        await self.kind.add_model(spec)
-        nats = self.settings.nats
-        sources = []
-        for lane in ("interactive", "batch"):
-            consumer = await ensure_consumer(self.bus, nats, self.subjects, lane, spec.id)
-            sources.append(await self.bus.puller(nats.stream, consumer))
-        served = Served(spec, *sources)
-        self.models[spec.id] = served
-        served.pulls = [
-            asyncio.create_task(self._pull(served, batch_lane=False)),
-            asyncio.create_task(self._pull(served, batch_lane=True)),
-        ]
-
-    async def _remove(self, served: Served) -> None:
-        model = served.spec.id
-        del self.models[model]
-        for task in served.pulls:
-            task.cancel()
-        await asyncio.gather(*served.pulls, return_exceptions=True)
-        for held in [h for h in self.held.values() if h.job.model == model]:
-            await self.settle(held, Outcome.RETURNED)
-        await close_sources(served)
-        await self.kind.remove_model(model)
-        log.info("stopped serving %s", model)
-
     # Pulling and admitting -----------------------------------------------------------
 
-    async def _pull(self, served: Served, batch_lane: bool) -> None:
+    async def pull(self, served: Served, batch_lane: bool) -> None:
+        """Pull `served`'s lane into the kind while it has room, until stopped."""
         source = served.batch_source if batch_lane else served.source
         model = served.spec.id
         while not self.stopping:
