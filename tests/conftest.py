@@ -46,8 +46,15 @@ def _nats_binary() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The model cache every process of the session shares (see `helpers.SHARED_CACHE`)."""
-    helpers.SHARED_CACHE = tmp_path_factory.mktemp("model-cache")
+    """The model cache every process of the run shares (see `helpers.SHARED_CACHE`). Under
+    pytest-xdist every worker's processes share it too, from the run's base temp above the
+    workers' own: the cache publishes each entry with one rename, so processes building the
+    same entry at once cost time and never a torn entry (`cache_dirs.publish`)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        helpers.SHARED_CACHE = tmp_path_factory.getbasetemp().parent / "model-cache"
+        helpers.SHARED_CACHE.mkdir(exist_ok=True)
+    else:
+        helpers.SHARED_CACHE = tmp_path_factory.mktemp("model-cache")
     return helpers.SHARED_CACHE
 
 
