@@ -86,7 +86,8 @@ def main(argv: list[str]) -> None:
     inprocess = rounds[str(args.slots)]
     print(f"in process: {inprocess['tokens_per_s']} tokens/s", flush=True)
     live_chats = [[{"role": "user", "content": f"Name {n} colours."}] for n in range(2, 9)]
-    with local_stack({"weights": args.weights}, model=GEN_MODEL, kind="generate") as stack:
+    profile = {"weights": args.weights, "max_batch_items": args.slots}
+    with local_stack(profile, model=GEN_MODEL, kind="generate") as stack:
         idle = _live(stack.base, live_chats, args.live, 16, None)
         print(f"idle TTFT p50 {1000 * statistics.median(idle):.0f} ms", flush=True)
         lines = [
