@@ -97,7 +97,11 @@ async def _add(core: Core, spec: ModelSpec) -> None:
             consumer = await ensure_consumer(core.bus, nats, core.subjects, lane, spec.id)
             sources.append(await core.bus.puller(nats.stream, consumer))
     except BaseException:
-        # Not served after all: the kind lets the model go, so a retry adds it afresh.
+        # Not served after all: its lanes closed and the kind lets the model go, so a
+        # retry adds it afresh.
+        for source in sources:
+            with contextlib.suppress(Exception):
+                await source.close()
         await core.kind.remove_model(spec.id)
         raise
     served = Served(spec, *sources)
