@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -68,6 +67,7 @@ from perf.generation_throughput import (  # noqa: E402
     prompts,
     stream_chunk,
 )
+from perf.reports import save_report  # noqa: E402
 from perf.stack import local_stack, peer_server  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
 from shoal.tune.knee import quantile  # noqa: E402
@@ -515,8 +515,4 @@ def main(argv: list[str]) -> None:
         "args": vars(args),
         "results": run(args),
     }
-    stem = Path(args.out) / f"bakeoff-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    stem.with_suffix(".md").write_text(_markdown(report))
-    print(_markdown(report))
+    save_report(args.out, "bakeoff", report, _markdown(report))

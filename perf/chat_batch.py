@@ -37,6 +37,7 @@ from perf.generation_throughput import (  # noqa: E402
     prompts,
     stream_chunk,
 )
+from perf.reports import save_report  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
@@ -146,9 +147,6 @@ def main(argv: list[str]) -> None:
         if busy
         else None,
     }
-    stem = Path(args.out) / f"chat-batch-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     m = report["machine"]
     md = (
         f"`{report['command']}` on {m['cpu']} ({m['cores']} cores; {m.get('flags', '')}).\n\n"
@@ -161,5 +159,4 @@ def main(argv: list[str]) -> None:
         f"{statistics.median(busy) * 1000 if busy else float('nan'):.0f} ms "
         f"({report['ttft_p50_busy_vs_idle']}x idle) |\n"
     )
-    stem.with_suffix(".md").write_text(md)
-    print(md)
+    save_report(args.out, "chat-batch", report, md)

@@ -13,11 +13,9 @@ Results: perf/results/kv-cache-<time>.{json,md}."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from perf.bakeoff import built_in_irs, openvino_rounds  # noqa: E402
 from perf.embed_throughput import machine  # noqa: E402
 from perf.generation_throughput import prompts  # noqa: E402
+from perf.reports import save_report  # noqa: E402
 
 CACHES = ("f32", "f16", "u8")
 
@@ -120,8 +119,4 @@ def main(argv: list[str]) -> None:
         "quality": quality(args.threads),
         "speed": speed(args.rounds, args.context, args.threads),
     }
-    stem = Path(args.out) / f"kv-cache-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    stem.with_suffix(".md").write_text(_markdown(report))
-    print(_markdown(report))
+    save_report(args.out, "kv-cache", report, _markdown(report))

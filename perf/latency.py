@@ -13,7 +13,6 @@ Results: perf/results/latency-<time>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.knee import _profile_arg  # noqa: E402
+from perf.reports import save_report  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
 from perf.texts import load  # noqa: E402
 from perf.workloads import minilm_adapter, minilm_rows  # noqa: E402
@@ -88,9 +88,6 @@ def main(argv: list[str]) -> None:
         "p50_ms": p50,
         "client_minus_forward_ms": round(p50["client"] - p50["forward"], 1),
     }
-    stem = Path(args.out) / f"latency-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     m = report["machine"]
     md = (
         f"`{report['command']}` on {m['cpu']} ({m['cores']} cores; {m.get('flags', '')}), "
@@ -102,5 +99,4 @@ def main(argv: list[str]) -> None:
         f"| in process: tokenize + forward, same adapter | {p50['forward']} |\n"
         f"| client minus forward | {report['client_minus_forward_ms']} |\n"
     )
-    stem.with_suffix(".md").write_text(md)
-    print(md)
+    save_report(args.out, "latency", report, md)

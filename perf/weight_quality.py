@@ -30,7 +30,6 @@ Results: perf/results/weight-quality-<time>.{json,md}, with the machine describe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import machine  # noqa: E402
+from perf.reports import save_report  # noqa: E402
 from perf.texts import load  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
@@ -190,8 +190,4 @@ def main(argv: list[str]) -> None:
         "args": vars(args),
         "results": run(args),
     }
-    stem = Path(args.out) / f"weight-quality-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    stem.with_suffix(".md").write_text(_markdown(report))
-    print(_markdown(report))
+    save_report(args.out, "weight-quality", report, _markdown(report))
