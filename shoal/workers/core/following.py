@@ -26,8 +26,9 @@ _RETRY_S, _RETRY_MAX_S = 1.0, 30.0
 """A failed follow of the registry is tried again after 1 s, doubling up to 30 s."""
 
 
-class Core(Protocol):
-    """What following the registry uses of the worker core (worker.py's `Worker`)."""
+class _Worker(Protocol):
+    """What following the registry uses of worker.py's `Worker` (kind.py's `Core` is what a
+    kind uses of it)."""
 
     settings: Settings
     bus: Bus
@@ -42,7 +43,7 @@ class Core(Protocol):
     async def pull(self, served: Served, batch_lane: bool) -> None: ...
 
 
-async def follow(core: Core, changed: asyncio.Event) -> None:
+async def follow(core: _Worker, changed: asyncio.Event) -> None:
     """Reconcile at each `changed`. What failed (a JetStream call timed out on a
     busy machine, a model that would not load) is logged and tried again after
     `_RETRY_S`, twice as long each time up to `_RETRY_MAX_S`: before, one failure
@@ -58,7 +59,7 @@ async def follow(core: Core, changed: asyncio.Event) -> None:
             log.error("%s: could not follow the registry (%r); again in %.0f s", model, exc, retry)
 
 
-async def reconcile(core: Core) -> dict[str, Exception]:
+async def reconcile(core: _Worker) -> dict[str, Exception]:
     """Serve every registry model the kind serves; drop removed ones; apply changed
     specs live where the kind can, else serve them anew. Returns what failed, by model;
     one model's failure stops none of the others."""
@@ -88,7 +89,7 @@ async def reconcile(core: Core) -> dict[str, Exception]:
     return failed
 
 
-async def _add(core: Core, spec: ModelSpec) -> None:
+async def _add(core: _Worker, spec: ModelSpec) -> None:
     await core.kind.add_model(spec)
     nats = core.settings.nats
     sources = []
@@ -112,7 +113,7 @@ async def _add(core: Core, spec: ModelSpec) -> None:
     ]
 
 
-async def _remove(core: Core, served: Served) -> None:
+async def _remove(core: _Worker, served: Served) -> None:
     model = served.spec.id
     del core.models[model]
     for task in served.pulls:
