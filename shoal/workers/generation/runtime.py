@@ -3,7 +3,9 @@ SGLang server the worker supervises (shoal/workers/generation/sglang.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +17,9 @@ from ...queue.messages import ChatTurn, TokenizeJob, TokensResult
 from ..tokens import answers, plain_tokenizer
 from .engine import Engine, SequenceRequest, TokenEvent
 
-__all__ = ["GenerationRuntime", "TransformersRuntime", "chat_prompt_ids"]
+__all__ = ["GenerationRuntime", "TransformersRuntime", "chat_prompt_ids", "stop_runtimes"]
+
+log = logging.getLogger(__name__)
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[ChatTurn], prompt: str) -> list[int]:
@@ -166,3 +170,16 @@ class TransformersRuntime(GenerationRuntime):
         device = self.engine.device.type if self.engine is not None else "cpu"
         name = super().engine_name
         return name if device == "cpu" else f"{name} ({device})"
+
+
+async def stop_runtimes(runtimes: list[GenerationRuntime], within: float = 3.0) -> None:
+    """Stop every runtime at once, each on a thread of its own (the loader thread may be
+    busy starting one of them), waiting `within` seconds at most."""
+    stops = [asyncio.ensure_future(asyncio.to_thread(r.stop)) for r in runtimes]
+    if stops:
+        done, late = await asyncio.wait(stops, timeout=within)
+        if late:
+            log.warning("%d runtime(s) did not stop within %.0fs", len(late), within)
+        for task in done:
+            if task.exception() is not None:
+                log.warning("stopping a runtime failed: %r", task.exception())

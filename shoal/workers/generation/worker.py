@@ -34,7 +34,7 @@ from ..observe import WorkerMetrics
 from ..tokens import answer_asked
 from .engine import SequenceRequest, TokenEvent
 from .held import GenerationHeld, LiveDemand, record_spans
-from .runtime import GenerationRuntime, TransformersRuntime
+from .runtime import GenerationRuntime, TransformersRuntime, stop_runtimes
 
 __all__ = ["GenerationKind", "GenerationWorker"]
 
@@ -126,19 +126,30 @@ class GenerationKind(WorkerKind):
         return "openvino"
 
     async def add_model(self, spec: ModelSpec) -> None:
-        """Load the model now: a generation worker is ready once its runtimes are."""
+        """Load the model now: a generation worker is ready once its runtimes are. A model
+        that fails to load leaves no runtime behind: the registry follow tries it again,
+        and each try kept one more runtime (a started engine process, say) before."""
         engine = self._engine(spec)
-        runtime = self._preset.get(spec.id) or self._make_runtime(spec, engine)
-        self._runtimes.append(runtime)
-        model = _Model(spec, runtime)
-        loop = asyncio.get_running_loop()
+        model = _Model(spec, self._preset.get(spec.id) or self._make_runtime(spec, engine))
+        self._runtimes.append(model.runtime)
+        try:
+            await self._start(model, engine)
+        except BaseException:
+            self._runtimes.remove(model.runtime)
+            await stop_runtimes([model.runtime])
+            raise
+        model.streaming = asyncio.create_task(self._stream_out(model))
+        self.models[spec.id] = model
+
+    async def _start(self, model: _Model, engine: str) -> None:
+        spec, loop = model.spec, asyncio.get_running_loop()
 
         def on_events(events: list[TokenEvent]) -> None:  # from the engine thread
             loop.call_soon_threadsafe(model.events.put_nowait, events)
 
         path = await loop.run_in_executor(self._loader, self._local_path, spec)
         try:
-            await loop.run_in_executor(self._loader, runtime.start, path, on_events)
+            await loop.run_in_executor(self._loader, model.runtime.start, path, on_events)
         except Exception as exc:
             if spec.id in self._preset or engine != "openvino" or spec.profile.engine != "auto":
                 raise
@@ -149,12 +160,11 @@ class GenerationKind(WorkerKind):
                 spec.id,
                 exc,
             )
-            self._runtimes.remove(runtime)
-            runtime = model.runtime = self._make_runtime(spec, "torch")
-            self._runtimes.append(runtime)
-            await loop.run_in_executor(self._loader, runtime.start, path, on_events)
-        model.streaming = asyncio.create_task(self._stream_out(model))
-        self.models[spec.id] = model
+            self._runtimes.remove(model.runtime)
+            await stop_runtimes([model.runtime])
+            model.runtime = self._make_runtime(spec, "torch")
+            self._runtimes.append(model.runtime)
+            await loop.run_in_executor(self._loader, model.runtime.start, path, on_events)
 
     def _local_path(self, spec: ModelSpec) -> str:
         registered = not self.core.registry.is_builtin(spec.id)
@@ -171,13 +181,13 @@ class GenerationKind(WorkerKind):
         if served.streaming is not None:
             served.streaming.cancel()
         self._runtimes.remove(served.runtime)
-        await _stop_runtimes([served.runtime])
+        await stop_runtimes([served.runtime])
 
     async def stop(self) -> None:
         for model in self.models.values():
             if model.streaming is not None:
                 model.streaming.cancel()
-        await _stop_runtimes(self._runtimes)
+        await stop_runtimes(self._runtimes)
         self._loader.shutdown(wait=False, cancel_futures=True)
 
     def heartbeat(self) -> dict[str, Any]:
@@ -384,16 +394,3 @@ class GenerationKind(WorkerKind):
         )
         running.seq += 1
         await self.core.publish(running, encode(chunk))
-
-
-async def _stop_runtimes(runtimes: list[GenerationRuntime], within: float = 3.0) -> None:
-    """Stop every runtime at once, each on a thread of its own (the loader thread may be
-    busy starting one of them), waiting `within` seconds at most."""
-    stops = [asyncio.ensure_future(asyncio.to_thread(r.stop)) for r in runtimes]
-    if stops:
-        done, late = await asyncio.wait(stops, timeout=within)
-        if late:
-            log.warning("%d runtime(s) did not stop within %.0fs", len(late), within)
-        for task in done:
-            if task.exception() is not None:
-                log.warning("stopping a runtime failed: %r", task.exception())
