@@ -133,7 +133,7 @@ class GenerationKind(WorkerKind):
         model = _Model(spec, self._preset.get(spec.id) or self._make_runtime(spec, engine))
         self._runtimes.append(model.runtime)
         try:
-            await self._start(model, engine)
+            await self._load(model, engine)
         except BaseException:
             self._runtimes.remove(model.runtime)
             await stop_runtimes([model.runtime])
@@ -141,7 +141,7 @@ class GenerationKind(WorkerKind):
         model.streaming = asyncio.create_task(self._stream_out(model))
         self.models[spec.id] = model
 
-    async def _start(self, model: _Model, engine: str) -> None:
+    async def _load(self, model: _Model, engine: str) -> None:
         spec, loop = model.spec, asyncio.get_running_loop()
 
         def on_events(events: list[TokenEvent]) -> None:  # from the engine thread
