@@ -25,32 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-LONGEST_FIRST = [
-    "tests/e2e/test_tune.py",
-    "tests/e2e/test_generation_weights.py",
-    "tests/e2e/test_soak.py",
-    "tests/e2e/test_fuzz.py",
-    "tests/e2e/test_batch_durability.py",
-    "tests/e2e/test_generation_crash.py",
-    "tests/e2e/test_stopping.py",
-    "tests/e2e/test_payload_offload.py",
-    "tests/e2e/test_nats_faults.py",
-    "tests/e2e/test_embed_cli.py",
-    "tests/e2e/test_generation.py",
-    "tests/e2e/test_readme_examples.py",
-    "tests/e2e/test_encoder_tasks.py",
-    "tests/e2e/test_batches.py",
-]
-"""The modules that take longest (each 1-5 minutes of `make test`'s 20-25 on the 2-core VM),
-longest first. `make test` deals whole modules to two pytest-xdist workers in collection
-order (`--no-loadscope-reorder`; xdist's default deals the modules with the most tests
-first, which left the tune and soak modules, 1-2 tests of 3-5 minutes each, to the end,
-with one worker idle meanwhile). Dealt first, the rest of the suite fills in beside them."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
