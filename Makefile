@@ -61,8 +61,9 @@ demo: setup
 	$(BIN)/shoal serve --demo
 
 # Two pytest-xdist workers, each test module whole on one (its module-scoped stacks start
-# once): on 2 cores 1328 and 1430 s against 2078 s one at a time. Each worker starts its own
-# session stack and model cache, so more workers pay only with more cores and memory.
+# once). Each worker starts its own session stack (the model cache is shared), so more
+# workers pay only with more cores and memory. Times: perf/results/README.md, "The whole
+# suite against the tree issue #38 was filed on".
 test: setup browser lint
 	$(BIN)/pytest -n 2 --dist loadfile
 
