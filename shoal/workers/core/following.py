@@ -100,9 +100,7 @@ async def _add(core: _Worker, spec: ModelSpec) -> None:
     except BaseException:
         # Not served after all: its lanes closed and the kind lets the model go, so a
         # retry adds it afresh.
-        for source in sources:
-            with contextlib.suppress(Exception):
-                await source.close()
+        await close_sources(*sources)
         await core.kind.remove_model(spec.id)
         raise
     served = Served(spec, *sources)
@@ -121,6 +119,6 @@ async def _remove(core: _Worker, served: Served) -> None:
     await asyncio.gather(*served.pulls, return_exceptions=True)
     for held in [h for h in core.held.values() if h.job.model == model]:
         await core.settle(held, Outcome.RETURNED)
-    await close_sources(served)
+    await close_sources(served.source, served.batch_source)
     await core.kind.remove_model(model)
     log.info("stopped serving %s", model)

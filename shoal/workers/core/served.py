@@ -43,8 +43,8 @@ async def tell_queue(held: Held, action: str, delay: float) -> None:
         log.warning("could not %s %s: %r", action, held.request_id, exc)
 
 
-async def close_sources(served: Served) -> None:
-    """Close both lanes' sources (a source that fails to close is let go)."""
-    for source in (served.source, served.batch_source):
+async def close_sources(*sources: WorkSource) -> None:
+    """Close these lanes' sources (a source that fails to close is let go)."""
+    for source in sources:
         with contextlib.suppress(Exception):
             await source.close()

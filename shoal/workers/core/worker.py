@@ -132,7 +132,7 @@ class Worker:
             for held in list(self.held.values()):
                 await self.settle(held, Outcome.RETURNED)
             for served in self.models.values():
-                await close_sources(served)
+                await close_sources(served.source, served.batch_source)
             await self.kind.stop()
             heartbeat.cancel()
             self._state = "stopping"
