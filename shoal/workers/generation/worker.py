@@ -135,8 +135,7 @@ class GenerationKind(WorkerKind):
         try:
             await self._load(model, engine)
         except BaseException:
-            self._runtimes.remove(model.runtime)
-            await stop_runtimes([model.runtime])
+            await self._drop(model.runtime)
             raise
         model.streaming = asyncio.create_task(self._stream_out(model))
         self.models[spec.id] = model
@@ -160,8 +159,7 @@ class GenerationKind(WorkerKind):
                 spec.id,
                 exc,
             )
-            self._runtimes.remove(model.runtime)
-            await stop_runtimes([model.runtime])
+            await self._drop(model.runtime)
             model.runtime = self._make_runtime(spec, "torch")
             self._runtimes.append(model.runtime)
             await loop.run_in_executor(self._loader, model.runtime.start, path, on_events)
@@ -180,8 +178,12 @@ class GenerationKind(WorkerKind):
         served = self.models.pop(model)
         if served.streaming is not None:
             served.streaming.cancel()
-        self._runtimes.remove(served.runtime)
-        await stop_runtimes([served.runtime])
+        await self._drop(served.runtime)
+
+    async def _drop(self, runtime: GenerationRuntime) -> None:
+        """Forget one runtime and stop it (a model removed, or one that failed to load)."""
+        self._runtimes.remove(runtime)
+        await stop_runtimes([runtime])
 
     async def stop(self) -> None:
         for model in self.models.values():
