@@ -167,7 +167,8 @@ def _guarded(
         say(f"checking {dtype} on {engine} against float32 torch ({len(sample)} texts)")
         path, vectors = reference()
         profile = msgspec.structs.replace(spec.profile, dtype=dtype, engine=engine)
-        return cosine_to(vectors, msgspec.structs.replace(spec, profile=profile), path, sample)
+        checked = msgspec.structs.replace(spec, profile=profile)
+        return cosine_to(vectors, checked, path, sample, cache_dir=settings.cache_path)
 
     checked = []
     for engine in engines:

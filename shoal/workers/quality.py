@@ -9,6 +9,7 @@ the mean cosine similarity of the outputs (embed vectors, or classification logi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -52,18 +53,29 @@ def float32_vectors(
 
 
 def cosine_to(
-    reference: np.ndarray, spec: ModelSpec, path: str, texts: Sequence[str], device: str = "cpu"
+    reference: np.ndarray,
+    spec: ModelSpec,
+    path: str,
+    texts: Sequence[str],
+    device: str = "cpu",
+    cache_dir: Path | None = None,
 ) -> tuple[float, float]:
     """(worst, mean) cosine between `spec`'s profile on `texts` and `reference` (their
-    `float32_vectors`)."""
-    fast = make_adapter(spec, device)
+    `float32_vectors`). `cache_dir`: where the engine finds a graph a worker converted
+    (`make_adapter`), so a check does not convert it again."""
+    fast = make_adapter(spec, device, cache_dir=cache_dir)
     fast.load(path)
     cos = row_cosines(reference, embed(fast, texts))
     return float(cos.min()), float(cos.mean())
 
 
 def cosine_vs_float32(
-    spec: ModelSpec, path: str, texts: Sequence[str], device: str = "cpu"
+    spec: ModelSpec,
+    path: str,
+    texts: Sequence[str],
+    device: str = "cpu",
+    cache_dir: Path | None = None,
 ) -> tuple[float, float]:
     """(worst, mean) cosine between `spec`'s profile and float32 torch on `texts`."""
-    return cosine_to(float32_vectors(spec, path, texts, device), spec, path, texts, device)
+    reference = float32_vectors(spec, path, texts, device)
+    return cosine_to(reference, spec, path, texts, device, cache_dir)

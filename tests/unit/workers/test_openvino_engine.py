@@ -36,11 +36,11 @@ def _on(spec: ModelSpec, engine: str, dtype: str = "float32") -> ModelSpec:
 
 
 def test_auto_serves_openvino_float32_on_a_cpu_and_says_why(
-    minilm_path: str, st_model, caplog
+    shared_cache: Path, minilm_path: str, st_model, caplog
 ) -> None:
     assert SPEC.profile.engine == "auto" and SPEC.profile.dtype == "float32"  # as shipped
     caplog.set_level(logging.INFO)
-    adapter = make_adapter(SPEC, "cpu")
+    adapter = make_adapter(SPEC, "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     assert adapter.engine() == "openvino float32"
     assert f"model {SPEC.id}: engine auto: openvino" in caplog.text
@@ -49,7 +49,9 @@ def test_auto_serves_openvino_float32_on_a_cpu_and_says_why(
     np.testing.assert_allclose(embed(adapter, texts, batch=16), theirs, atol=1e-5)
 
 
-def test_auto_keeps_torch_when_the_engine_drifts(minilm_path: str, monkeypatch, caplog) -> None:
+def test_auto_keeps_torch_when_the_engine_drifts(
+    shared_cache: Path, minilm_path: str, monkeypatch, caplog
+) -> None:
     # No engine installed here drifts from float32; one that does is simulated by adding
     # noise to the real compiled graph's outputs.
     real = _openvino.OpenVinoGraph.__call__
@@ -61,7 +63,7 @@ def test_auto_keeps_torch_when_the_engine_drifts(minilm_path: str, monkeypatch, 
 
     monkeypatch.setattr(_openvino.OpenVinoGraph, "__call__", drifting)
     caplog.set_level(logging.INFO)
-    adapter = make_adapter(SPEC, "cpu")
+    adapter = make_adapter(SPEC, "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     assert adapter._engine is None and adapter.engine() == "torch float32"
     assert f"model {SPEC.id}: engine auto: torch (openvino f32 kept a worst cosine" in caplog.text
@@ -83,9 +85,11 @@ def test_engine_torch_forces_torch(minilm_path: str) -> None:
     assert adapter._engine is None and adapter.engine() == "torch float32"
 
 
-def test_float32_openvino_matches_sentence_transformers(minilm_path: str, st_model) -> None:
+def test_float32_openvino_matches_sentence_transformers(
+    shared_cache: Path, minilm_path: str, st_model
+) -> None:
     texts = load("short")[:40] + load("passages")[:8]
-    adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
+    adapter = make_adapter(_on(SPEC, "openvino"), "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     assert adapter._engine is not None and adapter._engine.precision == "f32"
     ours = embed(adapter, texts, batch=16)
@@ -94,11 +98,13 @@ def test_float32_openvino_matches_sentence_transformers(minilm_path: str, st_mod
 
 
 def test_bf16_openvino_keeps_cosine_over_the_floor_on_the_perf_texts(
-    minilm_path: str, caplog
+    shared_cache: Path, minilm_path: str, caplog
 ) -> None:
     texts = load("short")[:96] + load("passages")[:24]
     caplog.set_level(logging.WARNING)
-    worst, mean = cosine_vs_float32(_on(SPEC, "openvino", "bfloat16"), minilm_path, texts)
+    worst, mean = cosine_vs_float32(
+        _on(SPEC, "openvino", "bfloat16"), minilm_path, texts, cache_dir=shared_cache
+    )
     assert worst >= QUALITY_FLOOR
     if cpu_has_native_bf16():
         assert worst < 1 - 1e-7  # bf16 really ran: the vectors moved, a little
@@ -108,8 +114,10 @@ def test_bf16_openvino_keeps_cosine_over_the_floor_on_the_perf_texts(
         assert "serving float32" in caplog.text
 
 
-def test_a_compiled_copy_per_thread_count_with_the_same_answers(minilm_path: str) -> None:
-    adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
+def test_a_compiled_copy_per_thread_count_with_the_same_answers(
+    shared_cache: Path, minilm_path: str
+) -> None:
+    adapter = make_adapter(_on(SPEC, "openvino"), "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     texts = load("short")[:16]
     before = torch.get_num_threads()
@@ -129,8 +137,10 @@ def test_a_compiled_copy_per_thread_count_with_the_same_answers(minilm_path: str
     assert adapter.memory_bytes() >= 3 * torch_only.memory_bytes()
 
 
-def test_two_passes_side_by_side_give_the_answers_of_one_alone(minilm_path: str, st_model):
-    adapter = make_adapter(SPEC, "cpu")
+def test_two_passes_side_by_side_give_the_answers_of_one_alone(
+    shared_cache: Path, minilm_path: str, st_model
+):
+    adapter = make_adapter(SPEC, "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     assert adapter.runs_side_by_side("embed", "")
     assert not adapter.runs_side_by_side("embed", "my-lora")  # LoRA runs in torch
@@ -157,13 +167,13 @@ def test_two_passes_side_by_side_give_the_answers_of_one_alone(minilm_path: str,
 
 
 def test_lora_requests_run_in_torch_and_the_base_in_openvino(
-    minilm_path: str, tmp_path: Path
+    shared_cache: Path, minilm_path: str, tmp_path: Path
 ) -> None:
     lora = build_lora_adapter(tmp_path / "lora", seed=4)
     texts = load("short")[:8]
     exact = make_adapter(_on(SPEC, "torch"), "cpu")
     exact.load(minilm_path)
-    adapter = make_adapter(_on(SPEC, "openvino"), "cpu")
+    adapter = make_adapter(_on(SPEC, "openvino"), "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     adapter.lora.ensure("mine", str(lora))
     exact.lora.ensure("mine", str(lora))
@@ -202,12 +212,12 @@ def task_specs(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
     ("model", "op"), [("test-reranker", "rerank"), ("test-ner", "ner"), ("test-splade", "sparse")]
 )
 def test_task_heads_answer_the_same_in_openvino_picked_by_auto(
-    task_specs, model: str, op: str
+    shared_cache: Path, task_specs, model: str, op: str
 ) -> None:
     spec = task_specs.resolve(model)
     adapters = []
     for engine in ("torch", "auto", "torch"):
-        adapter = make_adapter(_on(spec, engine), "cpu")
+        adapter = make_adapter(_on(spec, engine), "cpu", cache_dir=shared_cache)
         adapter.load(spec.source)
         adapters.append(adapter)
     # The shipped `auto` picks OpenVINO for the heads too (a reranker's one score per row
@@ -242,7 +252,7 @@ def test_a_missing_openvino_package_fails_the_load_clearly(minilm_path: str, mon
 
 
 def test_a_head_lora_with_its_own_classifier_runs_packed_as_peft_computes_it(
-    task_specs, tmp_path: Path, monkeypatch
+    shared_cache: Path, task_specs, tmp_path: Path, monkeypatch
 ) -> None:
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -264,7 +274,8 @@ def test_a_head_lora_with_its_own_classifier_runs_packed_as_peft_computes_it(
             if "modules_to_save" in name:
                 weight.add_(torch.randn_like(weight))
     tuned.save_pretrained(tmp_path / "lora")
-    adapter = make_adapter(spec, "cpu")  # the base runs in the engine, LoRA in torch
+    # The base runs in the engine, LoRA in torch.
+    adapter = make_adapter(spec, "cpu", cache_dir=shared_cache)
     adapter.load(spec.source)
     adapter.lora.ensure("mine", str(tmp_path / "lora"))
     texts = load("short")[:12] + load("passages")[:2]

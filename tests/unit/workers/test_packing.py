@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -88,10 +89,10 @@ def _mixed_texts() -> list[str]:
 
 
 def test_the_shipped_minilm_runs_packed_and_answers_as_sentence_transformers(
-    minilm_path: str, st_model, caplog
+    shared_cache: Path, minilm_path: str, st_model, caplog
 ) -> None:
     caplog.set_level(logging.INFO)
-    adapter = make_adapter(MINILM_SPEC, "cpu")
+    adapter = make_adapter(MINILM_SPEC, "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     assert adapter._engine_packs
     assert "engine auto: openvino f32 on packed rows" in caplog.text
@@ -132,13 +133,14 @@ def test_torch_runs_packed_rows_where_no_engine_does(minilm_path: str, st_model,
 
 
 def test_lora_batches_run_packed_in_torch_as_peft_computes_them(
-    minilm_path: str, tmp_path, monkeypatch
+    shared_cache: Path, minilm_path: str, tmp_path, monkeypatch
 ) -> None:
     from peft import PeftModel
     from sentence_transformers import SentenceTransformer
 
     lora = build_lora_adapter(tmp_path / "lora", seed=5)
-    adapter = make_adapter(MINILM_SPEC, "cpu")  # the base runs in the engine
+    # The base runs in the engine.
+    adapter = make_adapter(MINILM_SPEC, "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     adapter.lora.ensure("mine", str(lora))
     texts = _mixed_texts()
@@ -167,6 +169,7 @@ def test_a_model_that_packing_would_change_is_served_padded(
 
     monkeypatch.setattr(_packing.PackedGraph, "forward", leaking)
     caplog.set_level(logging.INFO)
+    # No shared cache: a graph traced through the leaking forward must not be kept for others.
     adapter = make_adapter(MINILM_SPEC, "cpu")
     adapter.load(minilm_path)
     assert adapter._packed is None and adapter.engine() == "openvino float32"
@@ -178,7 +181,7 @@ def test_a_model_that_packing_would_change_is_served_padded(
 
 
 def test_a_roberta_family_encoder_packs_with_its_own_position_numbering(
-    minilm_path: str, tmp_path
+    shared_cache: Path, minilm_path: str, tmp_path
 ) -> None:
     # A tiny random RoBERTa (no XLM-R checkpoint loads offline here): its positions start
     # at padding_idx + 1, which packing must follow for the check at load to pass.
@@ -206,7 +209,7 @@ def test_a_roberta_family_encoder_packs_with_its_own_position_numbering(
     spec = msgspec.structs.replace(
         MINILM_SPEC, id="tiny-roberta", source=str(tmp_path / "st"), dims=64, max_length=128
     )
-    adapter = make_adapter(spec, "cpu")
+    adapter = make_adapter(spec, "cpu", cache_dir=shared_cache)
     adapter.load(str(tmp_path / "st"))
     assert adapter._packed is not None and adapter._packed.first_position == 1
     texts = load("short")[:24] + load("passages")[:2]
@@ -215,12 +218,12 @@ def test_a_roberta_family_encoder_packs_with_its_own_position_numbering(
 
 
 def test_token_vectors_run_packed_in_torch_as_sentence_transformers_gives_them(
-    minilm_path: str, st_model, monkeypatch
+    shared_cache: Path, minilm_path: str, st_model, monkeypatch
 ) -> None:
     from shoal.queue.messages import MultiVectorJob
 
     spec = msgspec.structs.replace(MINILM_SPEC, tasks=["embed", "multivector"])
-    adapter = make_adapter(spec, "cpu")
+    adapter = make_adapter(spec, "cpu", cache_dir=shared_cache)
     adapter.load(minilm_path)
     assert adapter._packed_tokens is not None
     texts = _mixed_texts()
