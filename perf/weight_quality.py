@@ -2,6 +2,8 @@
 
     .venv/bin/python -m perf weight-quality [--tokens 20000] [--tiers native,native-dq32,...]
         [--gguf FILE.gguf]   # another GGUF of the same model (a Q4_K_M, say): its blocks
+        [--against-shipped]  # with --gguf: against the shipped file's float32 model, not
+                             # FILE's own (llama.cpp's reference, for a re-quantized file)
         [--bf16]             # SmolLM2 as a bf16 checkpoint: its 16-bit weights
 
 The load-time guard (shoal/workers/generation/weight_guard.py) reads ~190 answer positions;
@@ -122,7 +124,11 @@ def run(args: argparse.Namespace) -> dict:
         "int4": (lambda: requantized_ir(full, "int4", settings.cache_path), EXACT | NATIVE),
     }
     tiers = args.tiers.split(",")
-    reference = _compiled(full, EXACT | threads)
+    exact = full
+    if args.against_shipped:  # the file llama-quantize started from, as llama.cpp scores it
+        shipped = materialize_gguf(spec.source, settings.cache_path)
+        exact = openvino_ir(shipped, settings.cache_path, command)
+    reference = _compiled(exact, EXACT | threads)
     compiled = {}
     for tier in tiers:
         ir, properties = configs[tier]
@@ -155,10 +161,11 @@ def run(args: argparse.Namespace) -> dict:
 
 def _markdown(report: dict) -> str:
     m = report["machine"]
+    against = "the shipped GGUF" if report["args"]["against_shipped"] else "the same checkpoint"
     lines = [
         f"`{report['command']}` on {m['cpu']} ({m['cores']} cores; {m.get('flags', '')}).",
         "",
-        "Teacher-forced against the float32 model of the same checkpoint (every position of "
+        f"Teacher-forced against the float32 model of {against} (every position of "
         "half chat-templated, half plain sequences).",
         "",
         "| tier | positions | top-1 | mean KL (nats) | KL p99 | KL max |",
@@ -177,6 +184,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--tokens", type=int, default=20000)
     parser.add_argument("--tiers", default=TIERS)
     parser.add_argument("--gguf", default=None, help="a GGUF file instead of the built-in one")
+    parser.add_argument(
+        "--against-shipped",
+        action="store_true",
+        help="with --gguf: score against the shipped GGUF's float32 model, not the file's own",
+    )
     parser.add_argument(
         "--bf16", action="store_true", help="SmolLM2 as a bf16 checkpoint (perf bakeoff's)"
     )
