@@ -23,7 +23,7 @@ from ._errors import SourceError
 from ._local_source import confined_path
 from ._packages import check_model_package, gguf_file, model_package_path
 from ._s3_source import cache_target, download, list_objects
-from .cache_dirs import is_complete
+from .cache_dirs import is_complete, one_builder
 
 __all__ = ["SourceError", "SourceResolver", "gguf_file", "resolve_source"]
 
@@ -111,8 +111,9 @@ class SourceResolver:
 
     def _fetch_s3(self, uri: str) -> str:
         target = cache_target(self.cache_dir, uri)
-        if not is_complete(target):
-            download(self._client(), uri, target)
+        with one_builder(target):
+            if not is_complete(target):
+                download(self._client(), uri, target)
         return str(target)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...model_registry.cache_dirs import is_complete, partial_dir, publish
+from ...model_registry.cache_dirs import is_complete, one_builder, partial_dir, publish
 
 if TYPE_CHECKING:
     import openvino as ov
@@ -82,25 +82,26 @@ def cached_graph(
     if cache_dir is None:
         return convert()
     target = cache_dir / "openvino-encoders" / graph_key(module, names)
-    if is_complete(target):
-        if _intact(target):
-            log.info("OpenVINO graph read from %s", target)
-            return ov.Core().read_model(target / _GRAPH)
-        # Damaged since it was saved (a complete entry is written once): converted again.
-        log.warning("OpenVINO graph in %s is damaged; converting it again", target)
-        shutil.rmtree(target, ignore_errors=True)
-    model = convert()
-    partial = partial_dir(target)
-    try:
-        # Weights as converted: the default would store them as f16.
-        ov.save_model(model, partial / _GRAPH, compress_to_fp16=False)
-        (partial / _DIGEST).write_text(_digest(partial))
-        publish(partial, target)
-    except (OSError, RuntimeError) as exc:  # a read-only or full cache: a conversion, no more
-        log.warning("OpenVINO graph not cached in %s: %s", target, exc)
-        return model
-    log.info("OpenVINO graph converted and cached in %s", target)
-    return ov.Core().read_model(target / _GRAPH)
+    with one_builder(target):
+        if is_complete(target):
+            if _intact(target):
+                log.info("OpenVINO graph read from %s", target)
+                return ov.Core().read_model(target / _GRAPH)
+            # Damaged since it was saved (a complete entry is written once): converted again.
+            log.warning("OpenVINO graph in %s is damaged; converting it again", target)
+            shutil.rmtree(target, ignore_errors=True)
+        model = convert()
+        partial = partial_dir(target)
+        try:
+            # Weights as converted: the default would store them as f16.
+            ov.save_model(model, partial / _GRAPH, compress_to_fp16=False)
+            (partial / _DIGEST).write_text(_digest(partial))
+            publish(partial, target)
+        except (OSError, RuntimeError) as exc:  # a read-only or full cache: a conversion, no more
+            log.warning("OpenVINO graph not cached in %s: %s", target, exc)
+            return model
+        log.info("OpenVINO graph converted and cached in %s", target)
+        return ov.Core().read_model(target / _GRAPH)
 
 
 def _intact(entry: Path) -> bool:

@@ -16,7 +16,7 @@ import hashlib
 import logging
 from pathlib import Path
 
-from ...model_registry.cache_dirs import is_complete, partial_dir, publish
+from ...model_registry.cache_dirs import is_complete, one_builder, partial_dir, publish
 from ...model_registry.sources import gguf_file
 
 __all__ = ["materialize_gguf"]
@@ -30,20 +30,21 @@ def materialize_gguf(source: str, cache_dir: Path) -> str:
     stat = file.stat()
     key = hashlib.sha256(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
     target = cache_dir / "gguf" / key
-    if is_complete(target):
-        return str(target)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with one_builder(target):
+        if is_complete(target):
+            return str(target)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("converting %s to safetensors (once)", file.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
-    quantized = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name)
-    config = quantized.config
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    plain = AutoModelForCausalLM.from_config(config)
-    plain.load_state_dict(quantized.state_dict(), strict=False)
-    plain.tie_weights()
-    partial = partial_dir(target)
-    plain.save_pretrained(str(partial))
-    tokenizer.save_pretrained(str(partial))
-    return str(publish(partial, target))
+        log.info("converting %s to safetensors (once)", file.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+        quantized = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name)
+        config = quantized.config
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+        plain = AutoModelForCausalLM.from_config(config)
+        plain.load_state_dict(quantized.state_dict(), strict=False)
+        plain.tie_weights()
+        partial = partial_dir(target)
+        plain.save_pretrained(str(partial))
+        tokenizer.save_pretrained(str(partial))
+        return str(publish(partial, target))

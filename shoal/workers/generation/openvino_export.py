@@ -23,7 +23,7 @@ import msgspec
 
 from ...config import GeneratorSettings
 from ...lifecycle import die_with_parent
-from ...model_registry.cache_dirs import is_complete, partial_dir, publish
+from ...model_registry.cache_dirs import is_complete, one_builder, partial_dir, publish
 from ...model_registry.sources import gguf_file
 from .float16_weights import mark_decompression, sixteen_bit_weights
 from .gguf_weights import NativeWeights, native_weights
@@ -70,25 +70,27 @@ def openvino_ir(
         stamp.append(weights)
     key = hashlib.sha256(f"{src.resolve()}|{'|'.join(stamp)}".encode()).hexdigest()[:20]
     target = cache_dir / "openvino" / key
-    if is_complete(target):
-        return target
-    partial = partial_dir(target)
-    args = [
-        *command, "export", "openvino", "--model", str(src),
-        "--task", "text-generation-with-past", "--weight-format", weights, str(partial),
-    ]  # fmt: skip
-    log.info("exporting %s to OpenVINO IR (once): %s", src.name, " ".join(args))
-    done = subprocess.run(  # a local directory: the export reads no hub
-        args,
-        capture_output=True,
-        text=True,
-        timeout=_EXPORT_TIMEOUT,
-        preexec_fn=die_with_parent,  # the export dies with the worker
-    )
-    if done.returncode != 0 or not (partial / "openvino_model.xml").exists():
-        shutil.rmtree(partial, ignore_errors=True)
-        raise RuntimeError(f"the OpenVINO export failed: {(done.stderr or done.stdout)[-1500:]}")
-    return publish(partial, target)
+    with one_builder(target):
+        if is_complete(target):
+            return target
+        partial = partial_dir(target)
+        args = [
+            *command, "export", "openvino", "--model", str(src),
+            "--task", "text-generation-with-past", "--weight-format", weights, str(partial),
+        ]  # fmt: skip
+        log.info("exporting %s to OpenVINO IR (once): %s", src.name, " ".join(args))
+        done = subprocess.run(  # a local directory: the export reads no hub
+            args,
+            capture_output=True,
+            text=True,
+            timeout=_EXPORT_TIMEOUT,
+            preexec_fn=die_with_parent,  # the export dies with the worker
+        )
+        if done.returncode != 0 or not (partial / "openvino_model.xml").exists():
+            shutil.rmtree(partial, ignore_errors=True)
+            failed = (done.stderr or done.stdout)[-1500:]
+            raise RuntimeError(f"the OpenVINO export failed: {failed}")
+        return publish(partial, target)
 
 
 def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWeights] | None:
@@ -107,23 +109,24 @@ def native_ir(source: str, full: Path, cache_dir: Path) -> tuple[Path, NativeWei
         stamp += f"|{file}:{stat.st_size}:{stat.st_mtime_ns}"
     target = cache_dir / "openvino" / hashlib.sha256(stamp.encode()).hexdigest()[:20]
     replaced = target / "native_weights.json"
-    if is_complete(target):
-        done = msgspec.json.decode(replaced.read_bytes(), type=NativeWeights)
-        return (target, done) if done.replaced else None
-    model = ov.Core().read_model(str(full / "openvino_model.xml"))
-    done = native_weights(model, file) if gguf else NativeWeights()
-    for kind, count in sixteen_bit_weights(model).items():
-        done.replaced[kind] = done.replaced.get(kind, 0) + count
-    partial = partial_dir(target)
-    partial.mkdir()
-    (partial / replaced.name).write_bytes(msgspec.json.encode(done))
-    if not done.replaced:  # remembered, so the next load does not read the graph again
-        publish(partial, target)
-        return None
-    log.info("%s: the checkpoint's own weights (%s), once", source, done)
-    save_rebuilt(model, full, partial)
-    mark_decompression(partial / "openvino_model.xml")
-    return publish(partial, target), done
+    with one_builder(target):
+        if is_complete(target):
+            done = msgspec.json.decode(replaced.read_bytes(), type=NativeWeights)
+            return (target, done) if done.replaced else None
+        model = ov.Core().read_model(str(full / "openvino_model.xml"))
+        done = native_weights(model, file) if gguf else NativeWeights()
+        for kind, count in sixteen_bit_weights(model).items():
+            done.replaced[kind] = done.replaced.get(kind, 0) + count
+        partial = partial_dir(target)
+        partial.mkdir()
+        (partial / replaced.name).write_bytes(msgspec.json.encode(done))
+        if not done.replaced:  # remembered, so the next load does not read the graph again
+            publish(partial, target)
+            return None
+        log.info("%s: the checkpoint's own weights (%s), once", source, done)
+        save_rebuilt(model, full, partial)
+        mark_decompression(partial / "openvino_model.xml")
+        return publish(partial, target), done
 
 
 def save_rebuilt(model, full: Path, partial: Path) -> None:

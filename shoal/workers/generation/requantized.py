@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...model_registry.cache_dirs import is_complete, partial_dir, publish
+from ...model_registry.cache_dirs import is_complete, one_builder, partial_dir, publish
 from .float16_weights import weight_constants
 from .gguf_blocks import blocks
 from .gguf_weights import serve_blocks
@@ -46,15 +46,16 @@ def requantized_ir(full: Path, tier: str, cache_dir: Path) -> Path:
 
     stamp = f"{full.name}|{tier}|{_VERSION}"
     target = cache_dir / "openvino" / hashlib.sha256(stamp.encode()).hexdigest()[:20]
-    if is_complete(target):
-        return target
-    model = ov.Core().read_model(str(full / "openvino_model.xml"))
-    counts = requantize(model, tier)
-    log.info("%s weights, once: %s", tier, ", ".join(f"{k} x{n}" for k, n in counts.items()))
-    partial = partial_dir(target)
-    partial.mkdir()
-    save_rebuilt(model, full, partial)
-    return publish(partial, target)
+    with one_builder(target):
+        if is_complete(target):
+            return target
+        model = ov.Core().read_model(str(full / "openvino_model.xml"))
+        counts = requantize(model, tier)
+        log.info("%s weights, once: %s", tier, ", ".join(f"{k} x{n}" for k, n in counts.items()))
+        partial = partial_dir(target)
+        partial.mkdir()
+        save_rebuilt(model, full, partial)
+        return publish(partial, target)
 
 
 def requantize(model, tier: str) -> dict[str, int]:
