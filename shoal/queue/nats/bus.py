@@ -9,7 +9,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import nats
@@ -24,12 +24,12 @@ from ...lifecycle import retry_until_ready
 from ..errors import QueueFullError, QueueUnavailableError
 from .connect import connect_options, servers
 from .kv import NatsKeyValue
+from .provisioning import provisioning
 from .pull import JetStreamPuller
 
 __all__ = ["Bus", "ConsumerState", "StoredMessage"]
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 # JetStream API error codes for a stream at its `discard: new` bound.
 _STREAM_FULL_CODES = {10077, 10078, 10047}  # max messages, max bytes, storage exhausted
@@ -56,22 +56,6 @@ class StoredMessage(msgspec.Struct, frozen=True):
     seq: int
     subject: str
     data: bytes
-
-
-async def _provisioning(what: str, call: Callable[[], Awaitable[_T]], within: float) -> _T:
-    """`call()`, retried while JetStream is not answering in time.
-
-    A cluster that is still electing leaders, or that several processes ask at once to
-    create replicated streams (`shoal serve --nats-nodes 3` on two cores), can time out
-    an admin request it then completes. Every call here is idempotent, so retry it.
-    """
-    return await retry_until_ready(
-        call,
-        what=what,
-        retry_on=(nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError),
-        within=within,
-        first_delay=0.5,
-    )
 
 
 class Bus:
@@ -253,7 +237,7 @@ class Bus:
 
     async def ensure_stream(self, config: dict[str, Any]) -> None:
         """Create the stream, or bring an existing one to `config` (what can change)."""
-        await _provisioning(
+        await provisioning(
             f"stream {config['name']}", lambda: self._ensure_stream(config), self._ready_within
         )
 
@@ -284,7 +268,7 @@ class Bus:
             except nats.js.errors.BadRequestError as exc:
                 log.warning("consumer %s kept its config: %s", cfg.durable_name, exc.description)
 
-        await _provisioning(f"consumer {cfg.durable_name}", ensure, self._ready_within)
+        await provisioning(f"consumer {cfg.durable_name}", ensure, self._ready_within)
 
     async def stream_state(self, stream: str) -> dict[str, int]:
         """Messages and bytes held, and the first and last sequence.
@@ -348,10 +332,15 @@ class Bus:
 
     async def key_value(self, bucket: str) -> NatsKeyValue:
         """The bucket, created (file storage, replicas as the work stream) if missing."""
-        kv = await _provisioning(
-            f"bucket {bucket}", lambda: self._key_value(bucket), self._ready_within
+        # A cluster can answer "not found" for a stream another process is creating at
+        # that moment (nats-server #4600), so that answer is retried too.
+        kv = await provisioning(
+            f"bucket {bucket}",
+            lambda: self._key_value(bucket),
+            self._ready_within,
+            also=(nats.js.errors.NotFoundError,),
         )
-        return NatsKeyValue(kv, self.js, bucket)
+        return NatsKeyValue(kv, self.js, bucket, self._ready_within)
 
     async def _key_value(self, bucket: str) -> Any:
         try:

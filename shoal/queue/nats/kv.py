@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from ..errors import KeyConflictError, QueueUnavailableError
+from .provisioning import provisioning
 
 __all__ = ["NatsKeyValue"]
 
@@ -35,10 +36,11 @@ def _holds_value(msg: Msg) -> bool:
 class NatsKeyValue:
     """A JetStream key-value bucket as the registry's `KeyValueStore`."""
 
-    def __init__(self, kv: Any, js: Any, bucket: str) -> None:
+    def __init__(self, kv: Any, js: Any, bucket: str, ready_within: float = 90.0) -> None:
         self._kv = kv
         self._js = js
         self._bucket = bucket
+        self._ready_within = ready_within
         self._watch_task: asyncio.Task | None = None
 
     async def put(self, key: str, value: bytes) -> int:
@@ -138,9 +140,15 @@ class NatsKeyValue:
         # The current entries end at the stream's last message (the last of its key, so
         # it is delivered). nats-py's own end-of-current-entries marker can come before
         # entries already in flight, as in `keys()`: it is not waited for.
-        state = (await self._js.stream_info(f"KV_{self._bucket}")).state
-        last = state.last_seq if state.messages else 0
-        watcher = await self._kv.watchall()
+        # A cluster can still answer "not found" for a bucket just created (by this or
+        # another process: nats-server #4600; seen in CI on `--nats-nodes 3`), so that
+        # answer is retried for as long as provisioning is.
+        last, watcher = await provisioning(
+            f"bucket {self._bucket}",
+            self._open_watch,
+            self._ready_within,
+            also=(nats.js.errors.NotFoundError,),
+        )
         while last:
             entry = await watcher.updates(timeout=30.0)
             if entry is not None:
@@ -154,6 +162,11 @@ class NatsKeyValue:
                     _deliver(entry, on_change)
 
         self._watch_task = asyncio.create_task(follow())
+
+    async def _open_watch(self) -> tuple[int, Any]:
+        """The sequence the current entries end at (0: none), and a watcher of them all."""
+        state = (await self._js.stream_info(f"KV_{self._bucket}")).state
+        return (state.last_seq if state.messages else 0), await self._kv.watchall()
 
     async def close(self) -> None:
         if self._watch_task is not None:
