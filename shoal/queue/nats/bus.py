@@ -332,13 +332,10 @@ class Bus:
 
     async def key_value(self, bucket: str) -> NatsKeyValue:
         """The bucket, created (file storage, replicas as the work stream) if missing."""
-        # A cluster can answer "not found" for a stream another process is creating at
-        # that moment (nats-server #4600), so that answer is retried too.
         kv = await provisioning(
             f"bucket {bucket}",
             lambda: self._key_value(bucket),
             self._ready_within,
-            also=(nats.js.errors.NotFoundError,),
         )
         return NatsKeyValue(kv, self.js, bucket, self._ready_within)
 

@@ -140,14 +140,12 @@ class NatsKeyValue:
         # The current entries end at the stream's last message (the last of its key, so
         # it is delivered). nats-py's own end-of-current-entries marker can come before
         # entries already in flight, as in `keys()`: it is not waited for.
-        # A cluster can still answer "not found" for a bucket just created (by this or
-        # another process: nats-server #4600; seen in CI on `--nats-nodes 3`), so that
-        # answer is retried for as long as provisioning is.
+        # Retried as provisioning is: a cluster can still answer "not found" for a
+        # bucket just made, by this process or another.
         last, watcher = await provisioning(
             f"bucket {self._bucket}",
             self._open_watch,
             self._ready_within,
-            also=(nats.js.errors.NotFoundError,),
         )
         while last:
             entry = await watcher.updates(timeout=30.0)
