@@ -333,9 +333,7 @@ class Bus:
     async def key_value(self, bucket: str) -> NatsKeyValue:
         """The bucket, created (file storage, replicas as the work stream) if missing."""
         kv = await provisioning(
-            f"bucket {bucket}",
-            lambda: self._key_value(bucket),
-            self._ready_within,
+            f"bucket {bucket}", lambda: self._key_value(bucket), self._ready_within
         )
         return NatsKeyValue(kv, self.js, bucket, self._ready_within)
 
