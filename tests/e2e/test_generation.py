@@ -36,13 +36,22 @@ def client(stack: str) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def reference(lm_dir):
-    """Greedy text from transformers `generate` in process, same weights."""
+    """Greedy text from transformers `generate` in process, same weights. Greedy answers
+    are the same every time, so each is computed once for the module (two tests check
+    the seeded set)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(lm_dir)
     model = AutoModelForCausalLM.from_pretrained(lm_dir).eval()
+    answers: dict[str, tuple[str, int, int]] = {}
 
     def generate(messages=None, prompt=None, max_tokens=24):
+        key = json.dumps([messages, prompt, max_tokens])
+        if key not in answers:
+            answers[key] = _generate(messages, prompt, max_tokens)
+        return answers[key]
+
+    def _generate(messages, prompt, max_tokens):
         if messages is not None:
             ids = tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, return_tensors="pt"
