@@ -36,7 +36,7 @@ def _holds_value(msg: Msg) -> bool:
 class NatsKeyValue:
     """A JetStream key-value bucket as the registry's `KeyValueStore`."""
 
-    def __init__(self, kv: Any, js: Any, bucket: str, ready_within: float = 90.0) -> None:
+    def __init__(self, kv: Any, js: Any, bucket: str, ready_within: float) -> None:
         self._kv = kv
         self._js = js
         self._bucket = bucket
@@ -143,9 +143,7 @@ class NatsKeyValue:
         # Retried as provisioning is: a cluster can still answer "not found" for a
         # bucket just made, by this process or another.
         last, watcher = await provisioning(
-            f"bucket {self._bucket}",
-            self._open_watch,
-            self._ready_within,
+            f"bucket {self._bucket}", self._open_watch, self._ready_within
         )
         while last:
             entry = await watcher.updates(timeout=30.0)
