@@ -102,6 +102,7 @@ async def generate(gateway: Gateway, request: GenerationRequest) -> Response | S
     """A chat or completion response: streamed as SSE when the request asks, else whole."""
     generation = start_generation(gateway, request)
     if request.stream:
+        await generation.start()  # published before the response starts (see `start`)
         # Chat and completions streams end with `data: [DONE]`; the Responses API's ends
         # at its last event (`response.completed`, `response.incomplete` or `error`).
         done = not isinstance(request, ResponseRequest)

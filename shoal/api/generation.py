@@ -41,15 +41,43 @@ class Generation:
         self.completion_tokens = 0
         self.choices = sum(job.n for job in jobs)
         self.prompts = [""] * self.choices
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Publish every job, and return once the queue holds them all. A streamed
+        response calls this before it starts: the worker then prefills while the
+        response's headers go out (the first token comes ~1 ms sooner:
+        perf/results/README.md), and a refusal (no worker, a full queue, NATS away) is
+        the response's own status, not an error event after a 200. Iterating starts the
+        jobs where this was not called.
+
+        Raises:
+            ShoalError: a job was refused; none of the request's jobs runs on.
+        """
+        if self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = time.time() + self._gateway.request_timeout
+        published = [loop.create_future() for _ in self._jobs]
+        self._tasks = [
+            asyncio.create_task(self._run(job, deadline, done))
+            for job, done in zip(self._jobs, published, strict=True)
+        ]
+        try:
+            for outcome in await asyncio.gather(*published, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        except BaseException:
+            await self._stop()
+            raise
 
     async def __aiter__(self) -> AsyncIterator[list[ChoiceDelta]]:
-        queue: asyncio.Queue = asyncio.Queue()
-        deadline = time.time() + self._gateway.request_timeout
-        tasks = [asyncio.create_task(self._run(job, queue, deadline)) for job in self._jobs]
         try:
-            running = len(tasks)
+            await self.start()
+            running = len(self._tasks)
             while running:
-                item = await queue.get()
+                item = await self._queue.get()
                 if item is _DONE:
                     running -= 1
                 elif isinstance(item, BaseException):
@@ -57,18 +85,26 @@ class Generation:
                 elif item:
                     yield item
         finally:
-            for task in tasks:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop()
 
-    async def _run(self, job: GenerateJob, queue: asyncio.Queue, deadline: float) -> None:
+    async def _stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run(self, job: GenerateJob, deadline: float, published: asyncio.Future) -> None:
         dispatcher = self._gateway.dispatcher
         request_id = f"{job.request_id}.{job.part}"
         assembler = StreamAssembler(job.first_index, job.n)
+        queue = self._queue
         try:
             stream = dispatcher.stream(
-                request_id, _with_id(job, request_id), self._gateway.lane, deadline
+                request_id,
+                _with_id(job, request_id),
+                self._gateway.lane,
+                deadline,
+                lambda: published.set_result(None),
             )
             async with contextlib.aclosing(stream):
                 async for chunk in stream:
@@ -89,9 +125,15 @@ class Generation:
                 )
             )
         except asyncio.CancelledError:
+            if not published.done():
+                published.cancel()
             raise
         except Exception as exc:
-            queue.put_nowait(as_shoal_error(exc, self.model))
+            error = as_shoal_error(exc, self.model)
+            if published.done():
+                queue.put_nowait(error)
+            else:  # refused before the queue held it: `start` raises it
+                published.set_exception(error)
 
 
 def _with_id(job: GenerateJob, request_id: str) -> GenerateJob:

@@ -21,7 +21,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import msgspec
 
@@ -197,11 +197,16 @@ class Dispatcher:
         await self._bus.publish_work(items, headers)
 
     async def stream(
-        self, request_id: str, job: GenerateJob, lane: Lane, deadline: float
+        self,
+        request_id: str,
+        job: GenerateJob,
+        lane: Lane,
+        deadline: float,
+        on_published: Callable[[], None] | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         """Publish a generation job and yield its chunks as they come (raw: the caller
-        assembles them with `StreamAssembler`). Leaving early (the client went away)
-        cancels the job on its worker.
+        assembles them with `StreamAssembler`); `on_published` is called once the queue
+        holds the job. Leaving early (the client went away) cancels the job on its worker.
 
         Raises:
             NoWorkerError, QueueFullError, QueueUnavailableError: not accepted.
@@ -219,6 +224,8 @@ class Dispatcher:
         try:
             subject = self._subjects.work(lane, job.model, "generate")
             await self._publish(subject, [job], stored)
+            if on_published is not None:
+                on_published()
             while True:
                 try:
                     reply = await asyncio.wait_for(queue.get(), deadline - time.time())

@@ -6,14 +6,21 @@ import time
 
 import httpx
 import msgspec
+import openai
 import pytest
 
-from tests.helpers import start_gateway, wait_until
+from tests.helpers import GEN_MODEL, start_gateway, wait_until
 from tests.openai_schema import validate
 
 pytestmark = pytest.mark.slow
 
 MSGPACK = {"content-type": "application/msgpack"}
+_ASK = [{"role": "user", "content": "Hi"}]
+STREAMED = {
+    "/v1/chat/completions": {"model": GEN_MODEL, "messages": _ASK, "max_tokens": 4},
+    "/v1/completions": {"model": GEN_MODEL, "prompt": "Hi", "max_tokens": 4},
+    "/v1/responses": {"model": GEN_MODEL, "input": "Hi", "max_output_tokens": 4},
+}
 
 
 def check_error(
@@ -189,6 +196,16 @@ def test_no_worker_for_the_model_is_503_with_retry_after(nats_server, tmp_path) 
         check_error(r, 503, code="no_worker")
         assert int(r.headers["retry-after"]) >= 1
         assert httpx.get(f"{base}/ready").status_code == 503
+        # A stream is refused before it starts, with the same status: not a 200 whose
+        # first event is the error, which the SDK raises only while iterating.
+        for path, body in STREAMED.items():
+            r = httpx.post(f"{base}{path}", json=body | {"stream": True}, timeout=30)
+            check_error(r, 503, code="no_worker")
+            assert int(r.headers["retry-after"]) >= 1
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.chat.completions.create(**STREAMED["/v1/chat/completions"], stream=True)
+        assert refused.value.status_code == 503
     finally:
         gateway.stop()
 
@@ -218,6 +235,9 @@ def test_a_full_queue_is_429_at_once_and_a_missed_deadline_is_504(nats_server, t
             assert time.monotonic() - started < 2
             check_error(r, 429, code="queue_full")
             assert int(r.headers["retry-after"]) >= 1
+            chat = STREAMED["/v1/chat/completions"] | {"stream": True}
+            r = httpx.post(f"{base}/v1/chat/completions", json=chat, timeout=30)
+            check_error(r, 429, code="queue_full")
             for future in waiting:  # nobody serves them: each ends at its deadline
                 check_error(future.result(), 504, code="timeout")
     finally:
