@@ -2,6 +2,7 @@
 engines side by side), `python -m perf chat-batch ...` (a chat batch job against the
 engine, live latency under it), `python -m perf profile ...` (where the time goes),
 `python -m perf latency ...` (a low-load request's time against the forward pass),
+`python -m perf ttft ...` (one stream's first token, split by its trace),
 `python -m perf packed-rows` (packed rows against padded batches, in process),
 `python -m perf engine-ops` (the engine's time by operator, and its arithmetic rate),
 `python -m perf weight-quality` (each generation weight tier against float32),
@@ -56,6 +57,10 @@ def main() -> None:
         from perf.latency import main as latency
 
         latency(sys.argv[2:])
+    elif command == "ttft":
+        from perf.ttft import main as ttft
+
+        ttft(sys.argv[2:])
     elif command == "scale":
         from perf.scale import main as scale
 
