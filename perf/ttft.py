@@ -1,6 +1,6 @@
 """Where one stream's first token goes: the client's TTFT split by the request's trace.
 
-    .venv/bin/python -m perf ttft [--requests 40] [--max-tokens 8]
+    .venv/bin/python -m perf ttft [--requests 40] [--max-tokens 8] [--tree DIR]
 
 One stack (nats-server, one generation worker, the gateway) on loopback, its traces sent
 to an OTLP receiver in this process. Streamed greedy chats, one after another, so nothing
@@ -75,13 +75,14 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m perf ttft")
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--tree", type=Path, help="run Shoal from another checkout (before/after)")
     parser.add_argument("--out", default=str(ROOT / "perf" / "results"))
     args = parser.parse_args(argv)
     receiver = OtlpReceiver()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
     sent_first = []
     try:
-        with local_stack(model=GEN_MODEL, kind="generate", env=env) as stack:
+        with local_stack(model=GEN_MODEL, kind="generate", env=env, tree=args.tree) as stack:
             with httpx.Client(base_url=stack.base, timeout=120) as http:
                 for messages in prompts(args.requests + _WARM):
                     sent_first.append(_stream(http, messages, args.max_tokens))
