@@ -98,13 +98,18 @@ class Generation:
         request_id = f"{job.request_id}.{job.part}"
         assembler = StreamAssembler(job.first_index, job.n)
         queue = self._queue
+
+        def on_published() -> None:
+            if not published.done():  # done: `start` was cancelled meanwhile
+                published.set_result(None)
+
         try:
             stream = dispatcher.stream(
                 request_id,
                 _with_id(job, request_id),
                 self._gateway.lane,
                 deadline,
-                lambda: published.set_result(None),
+                on_published,
             )
             async with contextlib.aclosing(stream):
                 async for chunk in stream:
