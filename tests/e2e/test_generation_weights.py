@@ -91,14 +91,14 @@ def test_int8_and_int4_weights_serve_within_llama_cpps_figures(
 
 
 def test_a_tier_that_fails_its_guard_falls_back_one_step_at_a_time(
-    nats_server, tmp_path, lm_dir
+    nats_server, tmp_path, bf16_exported
 ) -> None:
     """A floor no re-quantized tier reaches on a 16-bit checkpoint: int4 falls back to
     int8, int8 to the checkpoint's own 16-bit weights, which serve (their guard holds)."""
-    checkpoint = _bf16_checkpoint(tmp_path / "bf16", lm_dir)
+    checkpoint, exported = bf16_exported
     env = {
         "SHOAL_MODELS_FILE": str(_spec(tmp_path / "models.toml", checkpoint, "int4")),
-        "SHOAL_CACHE_DIR": str(tmp_path / "cache"),
+        "SHOAL_CACHE_DIR": str(_own_cache(tmp_path, exported)),
         "SHOAL_GENERATOR__MIN_WEIGHT_AGREEMENT": "1.0",
     }
     engine, log = _serve(nats_server.url, tmp_path, env)
@@ -185,6 +185,29 @@ def test_answers_read_back_through_an_u8_kv_cache_differ_where_one_pass_does_not
     assert moved > 1e-2, moved
 
 
+@pytest.fixture(scope="module")
+def bf16_exported(tmp_path_factory, lm_dir) -> tuple[Path, Path]:
+    """A bf16 checkpoint (`_bf16_checkpoint`) and a cache holding its float32 OpenVINO
+    export, made once for the module: the export (optimum, tens of seconds) is the same
+    for every test, which links it into a cache of its own (`_own_cache`)."""
+    from shoal.config import GeneratorSettings
+    from shoal.workers.generation.openvino_export import export_command, openvino_ir
+
+    root = tmp_path_factory.mktemp("bf16")
+    checkpoint = _bf16_checkpoint(root / "checkpoint", lm_dir)
+    openvino_ir(str(checkpoint), root / "cache", export_command(GeneratorSettings()))
+    return checkpoint, root / "cache"
+
+
+def _own_cache(tmp_path: Path, exported: Path) -> Path:
+    """A cache of the test's own with the module's export linked in: what the test's
+    worker builds and writes (the 16-bit and re-quantized graphs, each guard's agreement)
+    is its own, new files beside the links."""
+    cache = tmp_path / "cache"
+    shutil.copytree(exported / "openvino", cache / "openvino", copy_function=os.link)
+    return cache
+
+
 def _bf16_checkpoint(root: Path, lm_dir: Path) -> Path:
     """A small llama saved in bf16 (random weights, some too small for f16 to hold), with
     SmolLM2's tokenizer and chat template: a 16-bit checkpoint as users ship them."""
@@ -210,16 +233,16 @@ def _bf16_checkpoint(root: Path, lm_dir: Path) -> Path:
     return root
 
 
-def test_a_bf16_checkpoint_serves_its_16_bit_weights(nats_server, tmp_path, lm_dir) -> None:
+def test_a_bf16_checkpoint_serves_its_16_bit_weights(nats_server, tmp_path, bf16_exported) -> None:
     import openvino as ov
 
     from shoal.workers.generation.weight_guard import EXACT
     from tests.weight_graphs import kernel_weights
 
-    checkpoint = _bf16_checkpoint(tmp_path / "bf16", lm_dir)
+    checkpoint, exported = bf16_exported
     env = {
         "SHOAL_MODELS_FILE": str(_spec(tmp_path / "models.toml", checkpoint, "native")),
-        "SHOAL_CACHE_DIR": str(tmp_path / "cache"),
+        "SHOAL_CACHE_DIR": str(_own_cache(tmp_path, exported)),
     }
     engine, _ = _serve(nats_server.url, tmp_path, env)
     # Every matmul and the embedding: their values are the checkpoint's, so the guard
