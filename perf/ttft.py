@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf.embed_throughput import machine  # noqa: E402
-from perf.generation_throughput import has_text, prompts  # noqa: E402
+from perf.generation_throughput import chat_stream_body, has_text, prompts  # noqa: E402
 from perf.reports import save_report  # noqa: E402
 from perf.stack import local_stack  # noqa: E402
 from tests.helpers import GEN_MODEL  # noqa: E402
@@ -45,8 +45,7 @@ _WARM = 4  # requests not counted: the first compiles shapes and opens connectio
 
 def _stream(http, messages: list[dict], max_tokens: int) -> tuple[int, int]:
     """(sent, first text chunk) of one streamed greedy chat, Unix ns."""
-    body = {"model": GEN_MODEL, "messages": messages, "max_tokens": max_tokens}
-    body |= {"stream": True, "temperature": 0}
+    body = chat_stream_body(messages, max_tokens)
     sent = time.time_ns()
     first = 0
     with http.stream("POST", "/v1/chat/completions", json=body) as r:

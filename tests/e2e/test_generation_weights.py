@@ -72,9 +72,7 @@ def test_int8_and_int4_weights_serve_within_llama_cpps_figures(
     # A cache of its own, so the agreement this test reads is this worker's; the session
     # stack's IR (keyed by lm_dir's path) is linked in, so the float32 export is not
     # run again.
-    cache = tmp_path / "cache"
-    shutil.copytree(shared_cache / "openvino", cache / "openvino", copy_function=os.link)
-    env = {"SHOAL_CACHE_DIR": str(cache)}
+    env = {"SHOAL_CACHE_DIR": str(_own_cache(tmp_path, shared_cache))}
     figures = {}
     for tier, made_of in BLOCKS.items():
         spec = {"SHOAL_MODELS_FILE": str(_spec(tmp_path / f"{tier}.toml", lm_dir, tier))}
@@ -122,7 +120,7 @@ def test_native_weights_that_fail_the_guard_fall_back_to_float32(
     (cache / "gguf").mkdir(parents=True)
     for converted in (shared_cache / "gguf").iterdir():
         (cache / "gguf" / converted.name).symlink_to(converted)
-    shutil.copytree(shared_cache / "openvino", cache / "openvino", copy_function=os.link)
+    _own_cache(tmp_path, shared_cache)
     [native] = [p.parent for p in (cache / "openvino").glob("*/native_weights.json")]
     model = ov.Core().read_model(str(native / "openvino_model.xml"))
     [query] = [
@@ -200,9 +198,10 @@ def bf16_exported(tmp_path_factory, lm_dir) -> tuple[Path, Path]:
 
 
 def _own_cache(tmp_path: Path, exported: Path) -> Path:
-    """A cache of the test's own with the module's export linked in: what the test's
-    worker builds and writes (the 16-bit and re-quantized graphs, each guard's agreement)
-    is its own, new files beside the links."""
+    """A cache of the test's own with the OpenVINO graphs of the cache `exported` (the
+    session's, or the module's bf16 export) linked in: what the test's worker builds and
+    writes (graphs, each guard's agreement, by rename) is its own, new files beside the
+    links."""
     cache = tmp_path / "cache"
     shutil.copytree(exported / "openvino", cache / "openvino", copy_function=os.link)
     return cache
